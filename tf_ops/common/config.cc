@@ -1,0 +1,59 @@
+#include "config.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace tfring {
+
+const char* GetConfigEnv(const char* name) {
+  for (const char* prefix : {"TFRING_", "HOROVOD_"}) {
+    std::string key = std::string(prefix) + name;
+    const char* v = std::getenv(key.c_str());
+    if (v != nullptr && v[0] != '\0') return v;
+  }
+  return nullptr;
+}
+
+namespace {
+
+bool ParseBool(const char* v) {
+  std::string s(v);
+  std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+  return !(s == "0" || s == "false" || s == "no" || s == "off");
+}
+
+LogLevel ParseLogLevel(const char* v, LogLevel fallback) {
+  std::string s(v);
+  std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+  if (s == "trace") return LogLevel::TRACE;
+  if (s == "debug") return LogLevel::DEBUG;
+  if (s == "info") return LogLevel::INFO;
+  if (s == "warning" || s == "warn") return LogLevel::WARNING;
+  if (s == "error") return LogLevel::ERROR;
+  if (s == "fatal") return LogLevel::FATAL;
+  return fallback;
+}
+
+}  // namespace
+
+Config Config::FromEnvironment() {
+  Config c;
+  if (const char* v = GetConfigEnv("FUSION_THRESHOLD")) c.fusion_threshold_bytes = std::atoll(v);
+  if (const char* v = GetConfigEnv("CYCLE_TIME")) c.cycle_time_ms = std::atof(v);
+  if (const char* v = GetConfigEnv("CACHE_CAPACITY")) c.cache_capacity = std::atoll(v);
+  if (const char* v = GetConfigEnv("STALL_CHECK_TIME_SECONDS")) c.stall_check_time_s = std::atof(v);
+  if (const char* v = GetConfigEnv("STALL_SHUTDOWN_TIME_SECONDS"))
+    c.stall_shutdown_time_s = std::atof(v);
+  if (const char* v = GetConfigEnv("STALL_CHECK_DISABLE")) c.stall_check_disabled = ParseBool(v);
+  if (const char* v = GetConfigEnv("TIMELINE")) c.timeline_path = v;
+  if (const char* v = GetConfigEnv("TIMELINE_MARK_CYCLES")) c.timeline_mark_cycles = ParseBool(v);
+  if (const char* v = GetConfigEnv("LOG_LEVEL")) c.log_level = ParseLogLevel(v, c.log_level);
+  if (const char* v = GetConfigEnv("LOG_TIMESTAMPS")) c.log_timestamps = ParseBool(v);
+  if (const char* v = GetConfigEnv("HOSTNAME")) c.hostname = v;
+  if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;
+  if (c.cycle_time_ms < 0) c.cycle_time_ms = 0;
+  return c;
+}
+
+}  // namespace tfring

@@ -1,0 +1,37 @@
+// Runtime configuration. This is the one place that reads environment
+// variables: each knob is TFRING_<NAME>, with HOROVOD_<NAME> accepted as an
+// alias so existing Horovod launch scripts keep their tuning.
+#ifndef TFRING_COMMON_CONFIG_H
+#define TFRING_COMMON_CONFIG_H
+
+#include <cstdint>
+#include <string>
+
+namespace tfring {
+
+enum class LogLevel : int { TRACE = 0, DEBUG = 1, INFO = 2, WARNING = 3, ERROR = 4, FATAL = 5 };
+
+struct Config {
+  int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
+  double cycle_time_ms = 1.0;
+  int64_t cache_capacity = 1024;
+  double stall_check_time_s = 60.0;
+  double stall_shutdown_time_s = 0.0;  // 0: never turn a stall into an error
+  bool stall_check_disabled = false;
+  std::string timeline_path;
+  bool timeline_mark_cycles = false;
+  LogLevel log_level = LogLevel::WARNING;
+  bool log_timestamps = false;
+  // Overrides the host name used to group ranks into hosts (local_rank etc.);
+  // lets tests fake several hosts on one machine.
+  std::string hostname;
+
+  static Config FromEnvironment();
+};
+
+// TFRING_<name>, else HOROVOD_<name>, else nullptr.
+const char* GetConfigEnv(const char* name);
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_CONFIG_H

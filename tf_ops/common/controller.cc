@@ -1,0 +1,439 @@
+#include "controller.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "logging.h"
+
+namespace tfring {
+
+Controller::Controller(int rank, std::vector<int> global_ranks, const Config& config)
+    : rank_(rank),
+      global_ranks_(std::move(global_ranks)),
+      fusion_threshold_(config.fusion_threshold_bytes),
+      joined_(global_ranks_.size(), false) {}
+
+Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* out) {
+  std::vector<std::string> all;
+  TFRING_RETURN_IF_ERROR(GatherRequests(SerializeRequestList(mine), &all));
+  std::string bytes;
+  if (is_coordinator()) {
+    for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+      RequestList list;
+      TFRING_RETURN_IF_ERROR(ParseRequestList(all[r], &list));
+      Ingest(list, r);
+    }
+    bytes = SerializeResponseList(BuildResponseList());
+  }
+  TFRING_RETURN_IF_ERROR(BroadcastResponses(&bytes));
+  return ParseResponseList(bytes, out);
+}
+
+void Controller::Ingest(const RequestList& list, int from_rank) {
+  if (list.shutdown && !shutdown_) {
+    shutdown_ = true;
+    shutdown_reason_ = list.shutdown_reason;
+  }
+  for (const Request& req : list.requests) {
+    if (req.type == CollectiveType::JOIN) {
+      if (!joined_[from_rank]) {
+        joined_[from_rank] = true;
+        ++num_joined_;
+      }
+      last_joined_ = global_ranks_[from_rank];
+      continue;
+    }
+    auto it = pending_.find(req.name);
+    if (it == pending_.end()) {
+      PendingTensor p;
+      p.requests.resize(size());
+      p.received.assign(size(), false);
+      p.first_seen = std::chrono::steady_clock::now();
+      it = pending_.emplace(req.name, std::move(p)).first;
+      arrival_order_.push_back(req.name);
+    }
+    PendingTensor& p = it->second;
+    if (!p.received[from_rank]) {
+      p.received[from_rank] = true;
+      ++p.count;
+    }
+    p.requests[from_rank] = req;
+  }
+}
+
+std::string Controller::RankList(const std::vector<int>& set_ranks) const {
+  std::ostringstream os;
+  os << (set_ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < set_ranks.size(); ++i) {
+    if (i) os << ", ";
+    os << global_ranks_[set_ranks[i]];
+  }
+  return os.str();
+}
+
+namespace {
+
+// "ranks 0, 2: [2]; rank 1: [3]" for the values a field took on each rank.
+template <typename F>
+std::string ByRank(const std::vector<Request>& reqs, const std::vector<bool>& received,
+                   const std::vector<int>& global_ranks, F describe) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    if (!received[r]) continue;
+    std::string v = describe(reqs[r]);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const std::pair<std::string, std::vector<int>>& g) { return g.first == v; });
+    if (it == groups.end()) {
+      groups.push_back({v, {global_ranks[r]}});
+    } else {
+      it->second.push_back(global_ranks[r]);
+    }
+  }
+  std::ostringstream os;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (i) os << "; ";
+    os << (groups[i].second.size() == 1 ? "rank " : "ranks ");
+    for (size_t j = 0; j < groups[i].second.size(); ++j) {
+      if (j) os << ", ";
+      os << groups[i].second[j];
+    }
+    os << ": " << groups[i].first;
+  }
+  return os.str();
+}
+
+std::string Num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::string IntList(const std::vector<int64_t>& v) { return ShapeString(v); }
+
+Response ErrorResponse(const std::string& name, const std::string& message) {
+  Response r;
+  r.type = ResponseType::ERROR;
+  r.tensor_names = {name};
+  r.error_message = message;
+  return r;
+}
+
+}  // namespace
+
+Response Controller::Validate(const std::string& name, const PendingTensor& p) const {
+  const auto& reqs = p.requests;
+  int first = 0;
+  while (!p.received[first]) ++first;
+  const Request& ref = reqs[first];
+  const std::string quoted = "'" + name + "'";
+
+  // Returns the first two distinct descriptions, or an empty pair if all agree.
+  auto mismatch = [&](auto describe) -> std::pair<std::string, std::string> {
+    std::string a = describe(ref);
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      if (!p.received[r]) continue;
+      std::string b = describe(reqs[r]);
+      if (b != a) return {a, b};
+    }
+    return {"", ""};
+  };
+  auto detail = [&](auto describe) {
+    return " (" + ByRank(reqs, p.received, global_ranks_, describe) + ").";
+  };
+
+  auto op_of = [](const Request& q) { return std::string(CollectiveName(q.type)); };
+  auto mm = mismatch(op_of);
+  if (!mm.first.empty()) {
+    return ErrorResponse(name, "Mismatched collective operations for tensor " + quoted +
+                                   ": One rank requested " + mm.first +
+                                   ", but another rank requested " + mm.second + detail(op_of));
+  }
+  const CollectiveType type = ref.type;
+  const char* tname = CollectiveName(type);
+
+  auto dtype_of = [](const Request& q) { return std::string(DataTypeName(q.dtype)); };
+  mm = mismatch(dtype_of);
+  if (!mm.first.empty() && type != CollectiveType::BARRIER &&
+      type != CollectiveType::ADD_PROCESS_SET && type != CollectiveType::REMOVE_PROCESS_SET) {
+    return ErrorResponse(name, "Mismatched data types for tensor " + quoted +
+                                   ": One rank had type " + mm.first +
+                                   ", but another rank had type " + mm.second + detail(dtype_of));
+  }
+
+  auto shape_of = [](const Request& q) { return ShapeString(q.shape); };
+  auto trailing_of = [](const Request& q) {
+    if (q.shape.empty()) return std::string("[] (a scalar)");
+    return "[?" + ShapeString(TensorShape(q.shape.begin() + 1, q.shape.end())).substr(1);
+  };
+  auto op_name = [](const Request& q) { return std::string(ReduceOpName(q.reduce_op)); };
+  auto pre_of = [](const Request& q) { return Num(q.prescale_factor); };
+  auto post_of = [](const Request& q) { return Num(q.postscale_factor); };
+  auto root_of = [](const Request& q) { return std::to_string(q.root_rank); };
+  auto splits_of = [](const Request& q) { return IntList(q.splits); };
+
+  auto check_reduction = [&]() -> std::string {
+    auto m = mismatch(op_name);
+    if (!m.first.empty())
+      return std::string("Mismatched ") + tname + " reduce ops for tensor " + quoted +
+             ": One rank requested " + m.first + ", but another rank requested " + m.second +
+             detail(op_name);
+    m = mismatch(pre_of);
+    if (!m.first.empty())
+      return std::string("Mismatched ") + tname + " prescale factors for tensor " + quoted +
+             ": One rank had " + m.first + ", but another rank had " + m.second + detail(pre_of);
+    m = mismatch(post_of);
+    if (!m.first.empty())
+      return std::string("Mismatched ") + tname + " postscale factors for tensor " + quoted +
+             ": One rank had " + m.first + ", but another rank had " + m.second + detail(post_of);
+    return "";
+  };
+  auto check_same_shape = [&]() -> std::string {
+    auto m = mismatch(shape_of);
+    if (!m.first.empty())
+      return std::string("Mismatched ") + tname + " tensor shapes for tensor " + quoted +
+             ": One rank sent a tensor of shape " + m.first +
+             ", but another rank sent a tensor of shape " + m.second + detail(shape_of);
+    return "";
+  };
+  auto check_trailing = [&]() -> std::string {
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      if (p.received[r] && reqs[r].shape.empty())
+        return std::string(tname) + " of tensor " + quoted + " needs at least one dimension, but " +
+               RankList({static_cast<int>(r)}) + " sent a scalar.";
+    }
+    auto m = mismatch(trailing_of);
+    if (!m.first.empty())
+      return std::string("Mismatched ") + tname + " tensor shapes for tensor " + quoted +
+             ": all dimensions but the first must agree, but one rank sent " + m.first +
+             " and another " + m.second + detail(shape_of);
+    return "";
+  };
+
+  Response resp;
+  resp.type = ResponseType::COLLECTIVE;
+  resp.collective = type;
+  resp.tensor_names = {name};
+  resp.dtype = ref.dtype;
+  resp.reduce_op = ref.reduce_op;
+  resp.prescale_factor = ref.prescale_factor;
+  resp.postscale_factor = ref.postscale_factor;
+  resp.root_rank = ref.root_rank;
+  std::string err;
+
+  switch (type) {
+    case CollectiveType::ALLREDUCE:
+      err = check_reduction();
+      if (err.empty()) err = check_same_shape();
+      resp.tensor_sizes = {NumElements(ref.shape)};
+      break;
+    case CollectiveType::REDUCESCATTER:
+      err = check_reduction();
+      if (err.empty()) err = check_same_shape();
+      if (err.empty() && ref.shape.empty())
+        err = "REDUCESCATTER of tensor " + quoted + " needs at least one dimension to scatter.";
+      resp.tensor_sizes = {NumElements(ref.shape)};
+      break;
+    case CollectiveType::BROADCAST: {
+      auto m = mismatch(root_of);
+      if (!m.first.empty()) {
+        err = "Mismatched BROADCAST root ranks for tensor " + quoted +
+              ": One rank specified root rank " + m.first +
+              ", but another rank specified root rank " + m.second + detail(root_of);
+      } else if (ref.root_rank < 0 || ref.root_rank >= size()) {
+        err = "Invalid BROADCAST root rank " + std::to_string(ref.root_rank) + " for tensor " +
+              quoted + ": the root must be in [0, " + std::to_string(size()) + ").";
+      } else {
+        err = check_same_shape();
+      }
+      break;
+    }
+    case CollectiveType::ALLGATHER:
+      err = check_trailing();
+      if (err.empty()) {
+        for (size_t r = 0; r < reqs.size(); ++r) resp.tensor_sizes.push_back(reqs[r].shape[0]);
+      }
+      break;
+    case CollectiveType::ALLTOALL:
+      err = check_trailing();
+      for (size_t r = 0; err.empty() && r < reqs.size(); ++r) {
+        const Request& q = reqs[r];
+        std::vector<int64_t> splits = q.splits;
+        if (splits.empty()) {
+          if (q.shape[0] % size() != 0) {
+            err = "ALLTOALL of tensor " + quoted + " without splits needs a first dimension " +
+                  "divisible by the number of ranks (" + std::to_string(size()) + "), but " +
+                  RankList({static_cast<int>(r)}) + " sent shape " + ShapeString(q.shape) + ".";
+            break;
+          }
+          splits.assign(size(), q.shape[0] / size());
+        }
+        int64_t total = 0;
+        bool negative = false;
+        for (int64_t s : splits) {
+          total += s;
+          negative |= s < 0;
+        }
+        if (static_cast<int>(splits.size()) != size() || negative || total != q.shape[0]) {
+          err = "Invalid ALLTOALL splits for tensor " + quoted + " on " +
+                RankList({static_cast<int>(r)}) + ": splits " + IntList(q.splits) +
+                " must have one non-negative entry per rank (" + std::to_string(size()) +
+                ") adding up to the first dimension " + std::to_string(q.shape[0]) + ".";
+          break;
+        }
+        resp.tensor_sizes.insert(resp.tensor_sizes.end(), splits.begin(), splits.end());
+      }
+      break;
+    case CollectiveType::ADD_PROCESS_SET: {
+      auto m = mismatch(splits_of);
+      if (!m.first.empty()) {
+        err = "Mismatched process set definitions: every rank must add the same ranks in the "
+              "same order" + detail(splits_of);
+        break;
+      }
+      std::set<int64_t> seen;
+      for (int64_t r : ref.splits) {
+        if (r < 0 || r >= size() || !seen.insert(r).second) {
+          err = "Invalid process set " + IntList(ref.splits) + ": ranks must be distinct and in [0, " +
+                std::to_string(size()) + ").";
+          break;
+        }
+      }
+      if (err.empty() && ref.splits.empty()) err = "Invalid process set []: it has no ranks.";
+      resp.ranks = ref.splits;
+      std::sort(resp.ranks.begin(), resp.ranks.end());
+      break;
+    }
+    case CollectiveType::REMOVE_PROCESS_SET: {
+      auto m = mismatch(splits_of);
+      if (!m.first.empty())
+        err = "Mismatched process set removal: ranks asked to remove different sets" +
+              detail(splits_of);
+      resp.ranks = ref.splits;
+      break;
+    }
+    case CollectiveType::BARRIER:
+    case CollectiveType::JOIN:
+      break;
+  }
+  if (!err.empty()) return ErrorResponse(name, err);
+  return resp;
+}
+
+ResponseList Controller::BuildResponseList() {
+  ResponseList out;
+  out.shutdown = shutdown_;
+  out.shutdown_reason = shutdown_reason_;
+  std::vector<Response> ready;
+  std::vector<std::string> still_pending;
+  for (const std::string& name : arrival_order_) {
+    PendingTensor& p = pending_.at(name);
+    int missing_unjoined = 0;
+    for (int r = 0; r < size(); ++r) missing_unjoined += (!p.received[r] && !joined_[r]);
+    if (missing_unjoined > 0 || p.count == 0) {
+      still_pending.push_back(name);
+      continue;
+    }
+    Response resp;
+    const CollectiveType type = p.requests[std::find(p.received.begin(), p.received.end(), true) -
+                                           p.received.begin()]
+                                    .type;
+    if (p.count < size() && type != CollectiveType::ALLREDUCE) {
+      std::vector<int> joined_ranks;
+      for (int r = 0; r < size(); ++r)
+        if (joined_[r]) joined_ranks.push_back(r);
+      resp = ErrorResponse(name, std::string(CollectiveName(type)) + " of tensor '" + name +
+                                     "' cannot run while " + RankList(joined_ranks) +
+                                     " have called join(); only allreduce can.");
+    } else {
+      resp = Validate(name, p);
+    }
+    int first = std::find(p.received.begin(), p.received.end(), true) - p.received.begin();
+    const Request& ref = p.requests[first];
+    if (resp.type == ResponseType::COLLECTIVE && type == CollectiveType::ADD_PROCESS_SET) {
+      resp.int_result = next_process_set_id_++;
+    }
+    if (!ref.group_name.empty() && ref.group_size > 1) {
+      auto& group = ready_groups_[ref.group_name];
+      group.push_back(std::move(resp));
+      if (static_cast<int>(group.size()) == ref.group_size) {
+        for (auto& g : group) ready.push_back(std::move(g));
+        ready_groups_.erase(ref.group_name);
+      }
+    } else {
+      ready.push_back(std::move(resp));
+    }
+    pending_.erase(name);
+  }
+  arrival_order_.swap(still_pending);
+
+  out.responses = Fuse(std::move(ready), fusion_threshold_);
+  if (num_joined_ == size()) {
+    Response join;
+    join.collective = CollectiveType::JOIN;
+    join.int_result = last_joined_;
+    join.tensor_names = {};
+    out.responses.push_back(join);
+    joined_.assign(size(), false);
+    num_joined_ = 0;
+    last_joined_ = -1;
+  }
+  return out;
+}
+
+std::vector<Response> Controller::Fuse(std::vector<Response> responses, int64_t threshold) {
+  std::vector<Response> out;
+  std::vector<bool> used(responses.size(), false);
+  auto fusable = [](const Response& r) {
+    return r.type == ResponseType::COLLECTIVE && r.collective == CollectiveType::ALLREDUCE;
+  };
+  auto bytes = [](const Response& r) {
+    int64_t n = 0;
+    for (int64_t s : r.tensor_sizes) n += s;
+    return n * DataTypeSize(r.dtype);
+  };
+  for (size_t i = 0; i < responses.size(); ++i) {
+    if (used[i]) continue;
+    used[i] = true;
+    Response cur = std::move(responses[i]);
+    if (fusable(cur)) {
+      int64_t total = bytes(cur);
+      // Look ahead past other kinds of responses: every rank fuses the same
+      // way because every rank sees the same list.
+      for (size_t j = i + 1; j < responses.size() && total < threshold; ++j) {
+        const Response& nxt = responses[j];
+        if (used[j] || !fusable(nxt) || nxt.dtype != cur.dtype || nxt.reduce_op != cur.reduce_op ||
+            nxt.prescale_factor != cur.prescale_factor ||
+            nxt.postscale_factor != cur.postscale_factor) {
+          continue;
+        }
+        int64_t b = bytes(nxt);
+        if (total + b > threshold) continue;
+        total += b;
+        used[j] = true;
+        cur.tensor_names.push_back(nxt.tensor_names[0]);
+        cur.tensor_sizes.push_back(nxt.tensor_sizes[0]);
+      }
+    }
+    out.push_back(std::move(cur));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int>>> Controller::StalledTensors(
+    double seconds) const {
+  std::vector<std::pair<std::string, std::vector<int>>> out;
+  auto now = std::chrono::steady_clock::now();
+  for (const std::string& name : arrival_order_) {
+    const PendingTensor& p = pending_.at(name);
+    if (std::chrono::duration<double>(now - p.first_seen).count() < seconds) continue;
+    std::vector<int> missing;
+    for (int r = 0; r < size(); ++r)
+      if (!p.received[r] && !joined_[r]) missing.push_back(global_ranks_[r]);
+    out.push_back({name, missing});
+  }
+  return out;
+}
+
+}  // namespace tfring

@@ -1,0 +1,85 @@
+// Negotiation. Every cycle each rank of a process set sends the coordinator
+// (set rank 0) the tensors it has become ready to reduce; the coordinator
+// decides which tensors are ready on every rank, checks that the ranks agree
+// on them, fuses small allreduces, and sends every rank the same ordered
+// ResponseList. That single order is what keeps ranks from deadlocking when
+// their framework schedulers submit collectives in different orders.
+//
+// The coordinator logic lives here; how the bytes travel (MPI today, TCP
+// later) is left to subclasses.
+#ifndef TFRING_COMMON_CONTROLLER_H
+#define TFRING_COMMON_CONTROLLER_H
+
+#include <chrono>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config.h"
+#include "message.h"
+#include "status.h"
+
+namespace tfring {
+
+class Controller {
+ public:
+  // `global_ranks[i]` is the job-wide rank of set rank i (used in messages).
+  Controller(int rank, std::vector<int> global_ranks, const Config& config);
+  virtual ~Controller() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(global_ranks_.size()); }
+  bool is_coordinator() const { return rank_ == 0; }
+
+  // One negotiation round. Every rank of the set must call it; it returns the
+  // same list on every rank.
+  Status ComputeResponseList(const RequestList& mine, ResponseList* out);
+
+  // --- Coordinator logic, public so it can be tested without a transport.
+  void Ingest(const RequestList& list, int from_rank);
+  ResponseList BuildResponseList();
+  // Merges compatible allreduces (same dtype, op and scale factors) whose
+  // combined size stays within `threshold_bytes`. Order among the remaining
+  // responses is kept.
+  static std::vector<Response> Fuse(std::vector<Response> responses, int64_t threshold_bytes);
+  // Names and missing ranks of tensors some ranks have been waiting on for
+  // longer than `seconds` (for the stall inspector).
+  std::vector<std::pair<std::string, std::vector<int>>> StalledTensors(double seconds) const;
+  // Ids handed out for new process sets (the global set's coordinator only).
+  void set_next_process_set_id(int32_t id) { next_process_set_id_ = id; }
+
+ protected:
+  // Coordinator receives every rank's bytes in `all` (index = set rank).
+  virtual Status GatherRequests(const std::string& mine, std::vector<std::string>* all) = 0;
+  // The coordinator's `bytes` reach every rank.
+  virtual Status BroadcastResponses(std::string* bytes) = 0;
+
+ private:
+  struct PendingTensor {
+    std::vector<Request> requests;  // index = set rank; valid where `received`
+    std::vector<bool> received;
+    int count = 0;
+    std::chrono::steady_clock::time_point first_seen;
+  };
+
+  Response Validate(const std::string& name, const PendingTensor& pending) const;
+  std::string RankList(const std::vector<int>& set_ranks) const;
+
+  int rank_;
+  std::vector<int> global_ranks_;
+  int64_t fusion_threshold_;
+
+  std::unordered_map<std::string, PendingTensor> pending_;
+  std::vector<std::string> arrival_order_;
+  std::unordered_map<std::string, std::vector<Response>> ready_groups_;
+  std::vector<bool> joined_;
+  int num_joined_ = 0;
+  int32_t last_joined_ = -1;
+  bool shutdown_ = false;
+  std::string shutdown_reason_;
+  int32_t next_process_set_id_ = 1;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_CONTROLLER_H

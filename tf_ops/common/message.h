@@ -1,0 +1,84 @@
+// Messages exchanged during negotiation. A rank sends a RequestList (the
+// tensors it has become ready to reduce since the last cycle) to the
+// coordinator; the coordinator answers every rank with one ResponseList (what
+// to run, in which order). Both travel as flat byte strings.
+#ifndef TFRING_COMMON_MESSAGE_H
+#define TFRING_COMMON_MESSAGE_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "status.h"
+
+namespace tfring {
+
+struct Request {
+  int32_t request_rank = 0;
+  CollectiveType type = CollectiveType::ALLREDUCE;
+  DataType dtype = DataType::FLOAT32;
+  std::string name;
+  int32_t root_rank = 0;
+  ReduceOp reduce_op = ReduceOp::SUM;
+  double prescale_factor = 1.0;
+  double postscale_factor = 1.0;
+  TensorShape shape;
+  // ALLTOALL: rows sent to each rank. ADD_PROCESS_SET: the member ranks.
+  std::vector<int64_t> splits;
+  // Grouped collectives: every member shares group_name and is run together.
+  std::string group_name;
+  int32_t group_size = 0;
+  int32_t group_index = 0;
+
+  bool operator==(const Request& o) const;
+};
+
+struct RequestList {
+  std::vector<Request> requests;
+  // This rank asks the job to shut down (shutdown() or interpreter exit).
+  bool shutdown = false;
+  std::string shutdown_reason;
+};
+
+enum class ResponseType : int32_t {
+  COLLECTIVE = 0,  // run `collective` on `tensor_names`
+  ERROR = 1,       // fail `tensor_names` on every rank with `error_message`
+};
+
+struct Response {
+  ResponseType type = ResponseType::COLLECTIVE;
+  CollectiveType collective = CollectiveType::ALLREDUCE;
+  std::vector<std::string> tensor_names;
+  std::string error_message;
+  DataType dtype = DataType::FLOAT32;
+  ReduceOp reduce_op = ReduceOp::SUM;
+  double prescale_factor = 1.0;
+  double postscale_factor = 1.0;
+  int32_t root_rank = 0;
+  // ALLREDUCE: element count of each tensor (lets a joined rank contribute
+  // zeros). ALLGATHER: first-dimension size of each tensor on each rank,
+  // tensor-major. ALLTOALL: the size x size split matrix, sender-major.
+  std::vector<int64_t> tensor_sizes;
+  // JOIN: the last rank that joined. ADD_PROCESS_SET: the new set's id.
+  int32_t int_result = -1;
+  // ADD/REMOVE_PROCESS_SET: the member ranks / the id being removed.
+  std::vector<int64_t> ranks;
+
+  bool operator==(const Response& o) const;
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+  bool shutdown = false;
+  std::string shutdown_reason;
+};
+
+std::string SerializeRequestList(const RequestList& list);
+Status ParseRequestList(const std::string& bytes, RequestList* list);
+std::string SerializeResponseList(const ResponseList& list);
+Status ParseResponseList(const std::string& bytes, ResponseList* list);
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_MESSAGE_H

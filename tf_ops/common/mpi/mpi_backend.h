@@ -1,0 +1,31 @@
+// The MPI backend: duplicates the communicator the job was started with and
+// splits it for each process set.
+#ifndef TFRING_COMMON_MPI_MPI_BACKEND_H
+#define TFRING_COMMON_MPI_MPI_BACKEND_H
+
+#include <memory>
+
+#include "../process_set.h"
+#include "mpi_context.h"
+
+namespace tfring {
+
+class MPIBackend : public Backend {
+ public:
+  // `base` is the communicator from the user (MPI_COMM_WORLD by default).
+  static Status Create(MPI_Comm base, std::unique_ptr<MPIBackend>* out);
+  ~MPIBackend() override;
+
+  int rank() const override { return global_->rank(); }
+  int size() const override { return global_->size(); }
+  Status CreateProcessSet(ProcessSet* set, const Config& config) override;
+  bool threads_supported() const override { return threads_supported_; }
+
+ private:
+  std::shared_ptr<MPICommunicator> global_;
+  bool threads_supported_ = false;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_MPI_MPI_BACKEND_H

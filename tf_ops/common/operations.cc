@@ -1,0 +1,532 @@
+#include "operations.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
+#include "logging.h"
+#include "mpi/mpi_backend.h"
+#include "process_set.h"
+#include "reduction.h"
+
+namespace tfring {
+
+const char* const kJoinTensorName = "__tfring_join__";
+
+namespace {
+
+struct Topology {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+  bool homogeneous = true;
+};
+
+struct GlobalState {
+  std::mutex lifecycle_mu;  // init/shutdown transitions
+  std::atomic<bool> running{false};
+  std::atomic<bool> shutdown_requested{false};
+  // Guards `stopped` against Enqueue so nothing slips in after the final FailAll.
+  std::mutex enqueue_mu;
+  bool stopped = true;
+  bool ever_initialized = false;
+  Status stopped_status;  // what Enqueue reports once stopped
+
+  Config config;
+  Topology topo;
+  std::unique_ptr<Backend> backend;
+  ProcessSetTable process_sets;
+  std::thread background;
+  std::atomic<int> add_counter{0};
+};
+
+// Never destroyed: kernels may still hold callbacks into the core while the
+// process exits, and static destruction order is not ours to control.
+GlobalState& state() {
+  static GlobalState* s = new GlobalState();
+  return *s;
+}
+
+void Complete(TensorTableEntry& e, const Status& s, int32_t result = -1) {
+  if (e.callback) e.callback(s, result);
+}
+
+// --- Executing responses -------------------------------------------------
+
+void PerformAllreduce(ProcessSet& ps, const Response& r) {
+  const size_t n = r.tensor_names.size();
+  std::vector<TensorTableEntry> entries(n);
+  std::vector<bool> have(n);
+  for (size_t i = 0; i < n; ++i) have[i] = ps.queue.Take(r.tensor_names[i], &entries[i]);
+
+  const int64_t esize = DataTypeSize(r.dtype);
+  const bool average = r.reduce_op == ReduceOp::AVERAGE;
+  const ReduceOp op = average ? ReduceOp::SUM : r.reduce_op;
+  const double post = r.postscale_factor * (average ? 1.0 / ps.size() : 1.0);
+  Status s;
+  if (n == 1 && have[0]) {
+    // One tensor: reduce straight in its output, no fusion copy.
+    TensorTableEntry& e = entries[0];
+    const int64_t count = r.tensor_sizes[0];
+    if (e.output != e.input) std::memcpy(e.output, e.input, count * esize);
+    s = ScaleBuffer(e.output, count, r.dtype, r.prescale_factor);
+    if (s.ok()) s = ps.data_plane->Allreduce(e.output, count, r.dtype, op);
+    if (s.ok()) s = ScaleBuffer(e.output, count, r.dtype, post);
+  } else {
+    std::vector<int64_t> bytes(n);
+    for (size_t i = 0; i < n; ++i) bytes[i] = r.tensor_sizes[i] * esize;
+    FusionLayout layout = PlanFusion(bytes);
+    char* buf = static_cast<char*>(ps.fusion_buffer.Get(layout.total_bytes));
+    for (size_t i = 0; i < n; ++i) {
+      // A rank that has joined contributes zeros for tensors it never submitted.
+      if (have[i]) {
+        std::memcpy(buf + layout.offsets[i], entries[i].input, bytes[i]);
+      } else {
+        std::memset(buf + layout.offsets[i], 0, bytes[i]);
+      }
+    }
+    const int64_t count = layout.total_bytes / esize;
+    s = ScaleBuffer(buf, count, r.dtype, r.prescale_factor);
+    if (s.ok()) s = ps.data_plane->Allreduce(buf, count, r.dtype, op);
+    if (s.ok()) s = ScaleBuffer(buf, count, r.dtype, post);
+    if (s.ok()) {
+      for (size_t i = 0; i < n; ++i)
+        if (have[i]) std::memcpy(entries[i].output, buf + layout.offsets[i], bytes[i]);
+    }
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (have[i]) Complete(entries[i], s);
+}
+
+// Allocates the entry's output; if that fails the rank still takes part in
+// the collective (through `scratch`) so the other ranks are not left waiting.
+void* AllocateOrScratch(TensorTableEntry& e, const TensorShape& shape, std::vector<char>* scratch,
+                        Status* s) {
+  void* out = nullptr;
+  *s = e.allocate_output ? e.allocate_output(shape, &out)
+                         : Status::Unknown("tfring: no output allocator for '" + e.name + "'");
+  if (s->ok()) return out;
+  scratch->resize(std::max<int64_t>(1, NumElements(shape) * DataTypeSize(e.dtype)));
+  return scratch->data();
+}
+
+int64_t RowElements(const TensorShape& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+void PerformAllgather(ProcessSet& ps, const Response& r) {
+  TensorTableEntry e;
+  if (!ps.queue.Take(r.tensor_names[0], &e)) return;
+  const int64_t row_bytes = RowElements(e.shape) * DataTypeSize(e.dtype);
+  TensorShape out_shape = e.shape;
+  out_shape[0] = 0;
+  std::vector<int64_t> recv_bytes(ps.size());
+  for (int i = 0; i < ps.size(); ++i) {
+    out_shape[0] += r.tensor_sizes[i];
+    recv_bytes[i] = r.tensor_sizes[i] * row_bytes;
+  }
+  std::vector<char> scratch;
+  Status alloc;
+  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  Status s = ps.data_plane->Allgather(e.input, out, recv_bytes);
+  Complete(e, alloc.ok() ? s : alloc);
+}
+
+void PerformBroadcast(ProcessSet& ps, const Response& r) {
+  TensorTableEntry e;
+  if (!ps.queue.Take(r.tensor_names[0], &e)) return;
+  const int64_t bytes = e.input_bytes();
+  if (ps.rank == r.root_rank && e.output != e.input) std::memcpy(e.output, e.input, bytes);
+  Complete(e, ps.data_plane->Broadcast(e.output, bytes, r.root_rank));
+}
+
+void PerformAlltoall(ProcessSet& ps, const Response& r) {
+  TensorTableEntry e;
+  if (!ps.queue.Take(r.tensor_names[0], &e)) return;
+  const int n = ps.size();
+  const int64_t row_bytes = RowElements(e.shape) * DataTypeSize(e.dtype);
+  std::vector<int64_t> send(n), recv(n), received_splits(n);
+  TensorShape out_shape = e.shape;
+  out_shape[0] = 0;
+  for (int j = 0; j < n; ++j) {
+    send[j] = r.tensor_sizes[ps.rank * n + j] * row_bytes;
+    received_splits[j] = r.tensor_sizes[j * n + ps.rank];
+    recv[j] = received_splits[j] * row_bytes;
+    out_shape[0] += received_splits[j];
+  }
+  std::vector<char> scratch;
+  Status alloc;
+  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  Status s = ps.data_plane->Alltoall(e.input, send, out, recv);
+  if (s.ok() && alloc.ok() && e.set_received_splits) e.set_received_splits(received_splits);
+  Complete(e, alloc.ok() ? s : alloc);
+}
+
+void PerformReducescatter(ProcessSet& ps, const Response& r) {
+  TensorTableEntry e;
+  if (!ps.queue.Take(r.tensor_names[0], &e)) return;
+  const int n = ps.size();
+  const int64_t rows = e.shape[0], row_elems = RowElements(e.shape);
+  std::vector<int64_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = (rows / n + (i < rows % n ? 1 : 0)) * row_elems;
+  TensorShape out_shape = e.shape;
+  out_shape[0] = counts[ps.rank] / std::max<int64_t>(row_elems, 1);
+  if (row_elems == 0) out_shape[0] = rows / n + (ps.rank < rows % n ? 1 : 0);
+
+  const bool average = r.reduce_op == ReduceOp::AVERAGE;
+  const ReduceOp op = average ? ReduceOp::SUM : r.reduce_op;
+  const double post = r.postscale_factor * (average ? 1.0 / n : 1.0);
+  const void* send = e.input;
+  Status s;
+  if (r.prescale_factor != 1.0) {
+    void* buf = ps.fusion_buffer.Get(e.input_bytes());
+    std::memcpy(buf, e.input, e.input_bytes());
+    s = ScaleBuffer(buf, NumElements(e.shape), e.dtype, r.prescale_factor);
+    send = buf;
+  }
+  std::vector<char> scratch;
+  Status alloc;
+  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  Status rs = ps.data_plane->Reducescatter(send, out, counts, e.dtype, op);
+  if (s.ok()) s = rs;
+  if (s.ok()) s = ScaleBuffer(out, counts[ps.rank], e.dtype, post);
+  Complete(e, alloc.ok() ? s : alloc);
+}
+
+void PerformAddProcessSet(ProcessSet& global, const Response& r) {
+  TensorTableEntry e;
+  const bool have = global.queue.Take(r.tensor_names[0], &e);
+  auto set = std::make_shared<ProcessSet>();
+  set->id = r.int_result;
+  set->ranks.assign(r.ranks.begin(), r.ranks.end());
+  // Every rank takes part in creating the communicator, members or not.
+  Status s = state().backend->CreateProcessSet(set.get(), state().config);
+  if (s.ok()) state().process_sets.Add(set);
+  if (have) Complete(e, s, set->id);
+}
+
+void PerformRemoveProcessSet(ProcessSet& global, const Response& r) {
+  TensorTableEntry e;
+  const bool have = global.queue.Take(r.tensor_names[0], &e);
+  const int32_t id = static_cast<int32_t>(r.ranks.empty() ? -1 : r.ranks[0]);
+  Status s;
+  std::shared_ptr<ProcessSet> removed;
+  if (id == kGlobalProcessSetId) {
+    s = Status::InvalidArgument("tfring: the global process set (id 0) cannot be removed");
+  } else if (!(removed = state().process_sets.Remove(id))) {
+    s = Status::InvalidArgument("tfring: there is no process set with id " + std::to_string(id));
+  } else {
+    removed->queue.FailAll(Status::InvalidArgument(
+        "tfring: process set " + std::to_string(id) + " was removed while this collective waited"));
+  }
+  if (have) Complete(e, s);
+}
+
+void PerformOperation(ProcessSet& ps, const Response& r) {
+  if (r.type == ResponseType::ERROR) {
+    for (const auto& name : r.tensor_names) {
+      TensorTableEntry e;
+      if (ps.queue.Take(name, &e)) Complete(e, Status::PreconditionError(r.error_message));
+    }
+    return;
+  }
+  switch (r.collective) {
+    case CollectiveType::ALLREDUCE: PerformAllreduce(ps, r); break;
+    case CollectiveType::ALLGATHER: PerformAllgather(ps, r); break;
+    case CollectiveType::BROADCAST: PerformBroadcast(ps, r); break;
+    case CollectiveType::ALLTOALL: PerformAlltoall(ps, r); break;
+    case CollectiveType::REDUCESCATTER: PerformReducescatter(ps, r); break;
+    case CollectiveType::ADD_PROCESS_SET: PerformAddProcessSet(ps, r); break;
+    case CollectiveType::REMOVE_PROCESS_SET: PerformRemoveProcessSet(ps, r); break;
+    case CollectiveType::BARRIER: {
+      TensorTableEntry e;
+      const bool have = ps.queue.Take(r.tensor_names[0], &e);
+      Status s = ps.data_plane->Barrier();
+      if (have) Complete(e, s);
+      break;
+    }
+    case CollectiveType::JOIN: {
+      TensorTableEntry e;
+      if (ps.queue.Take(kJoinTensorName, &e)) Complete(e, Status::OK(), r.int_result);
+      break;
+    }
+  }
+}
+
+// --- The background loop ---------------------------------------------------
+
+// Runs one negotiation round on every process set this rank belongs to.
+// Returns false when the job is shutting down; `why` then says why.
+bool RunLoopOnce(Status* why) {
+  GlobalState& st = state();
+  for (const auto& ps : st.process_sets.All()) {
+    // A set removed earlier in this round is gone on every rank alike.
+    if (!ps->included() || !st.process_sets.Get(ps->id)) continue;
+    RequestList mine;
+    ps->queue.PopRequests(&mine.requests);
+    if (ps->id == kGlobalProcessSetId && st.shutdown_requested) {
+      mine.shutdown = true;
+      mine.shutdown_reason = "rank " + std::to_string(st.topo.rank) +
+                             " called shutdown() (or its script ended)";
+    }
+    ResponseList responses;
+    Status s = ps->controller->ComputeResponseList(mine, &responses);
+    if (!s.ok()) {
+      *why = Status::Aborted("tfring stopped after a communication failure in process set " +
+                             std::to_string(ps->id) + ": " + s.message());
+      return false;
+    }
+    for (const Response& r : responses.responses) PerformOperation(*ps, r);
+    if (ps->id == kGlobalProcessSetId && responses.shutdown) {
+      *why = Status::Aborted("tfring has been shut down: " + responses.shutdown_reason +
+                             ". Collectives can no longer run in this job.");
+      return false;
+    }
+  }
+  return true;
+}
+
+void CheckForStalls(std::chrono::steady_clock::time_point* last_check) {
+  GlobalState& st = state();
+  if (st.config.stall_check_disabled || st.config.stall_check_time_s <= 0) return;
+  auto now = std::chrono::steady_clock::now();
+  if (std::chrono::duration<double>(now - *last_check).count() < st.config.stall_check_time_s)
+    return;
+  *last_check = now;
+  for (const auto& ps : st.process_sets.All()) {
+    if (!ps->included() || !ps->controller->is_coordinator()) continue;
+    for (const auto& stalled : ps->controller->StalledTensors(st.config.stall_check_time_s)) {
+      std::string missing;
+      for (int r : stalled.second) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      TFRING_LOG(WARNING) << "Stall: tensor '" << stalled.first << "' in process set " << ps->id
+                          << " has waited over " << st.config.stall_check_time_s
+                          << " s for ranks [" << missing << "] to submit it.";
+    }
+  }
+}
+
+void BackgroundLoop() {
+  GlobalState& st = state();
+  const auto cycle = std::chrono::microseconds(static_cast<int64_t>(st.config.cycle_time_ms * 1000));
+  auto last_stall_check = std::chrono::steady_clock::now();
+  Status why;
+  while (true) {
+    auto start = std::chrono::steady_clock::now();
+    if (!RunLoopOnce(&why)) break;
+    CheckForStalls(&last_stall_check);
+    std::this_thread::sleep_until(start + cycle);
+  }
+  {
+    std::lock_guard<std::mutex> lock(st.enqueue_mu);
+    st.stopped = true;
+    st.stopped_status = why;
+  }
+  for (const auto& ps : st.process_sets.All()) ps->queue.FailAll(why);
+  // Free communicators on this thread, which is the one that used them.
+  st.process_sets.Clear();
+  st.backend.reset();
+  TFRING_LOG(DEBUG) << "background thread finished: " << why.message();
+}
+
+Status ComputeTopology(ProcessSet& global, const Config& config, Topology* topo) {
+  constexpr int kHostBytes = 256;
+  char host[kHostBytes] = {0};
+  if (!config.hostname.empty()) {
+    std::strncpy(host, config.hostname.c_str(), kHostBytes - 1);
+  } else {
+    gethostname(host, kHostBytes - 1);
+  }
+  const int n = global.size();
+  std::vector<char> all(static_cast<size_t>(n) * kHostBytes);
+  TFRING_RETURN_IF_ERROR(
+      global.data_plane->Allgather(host, all.data(), std::vector<int64_t>(n, kHostBytes)));
+  std::vector<std::string> hosts(n);
+  for (int r = 0; r < n; ++r) hosts[r] = std::string(&all[r * kHostBytes]);
+  topo->rank = global.rank;
+  topo->size = n;
+  std::vector<int> local_rank(n), local_size(n);
+  for (int r = 0; r < n; ++r) {
+    for (int q = 0; q < n; ++q) {
+      if (hosts[q] != hosts[r]) continue;
+      ++local_size[r];
+      if (q < r) ++local_rank[r];
+    }
+  }
+  topo->local_rank = local_rank[topo->rank];
+  topo->local_size = local_size[topo->rank];
+  topo->cross_rank = 0;
+  topo->cross_size = 0;
+  for (int q = 0; q < n; ++q) {
+    if (local_rank[q] != topo->local_rank) continue;
+    ++topo->cross_size;
+    if (q < topo->rank) ++topo->cross_rank;
+  }
+  topo->homogeneous = std::all_of(local_size.begin(), local_size.end(),
+                                  [&](int s) { return s == local_size[0]; });
+  return Status::OK();
+}
+
+}  // namespace
+
+Status InitializeMPI(int64_t fortran_comm) {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  {
+    std::lock_guard<std::mutex> elock(st.enqueue_mu);
+    if (st.running && !st.stopped) return Status::OK();
+  }
+  // The previous job ended (shutdown() here, or another rank stopped it).
+  if (st.background.joinable()) st.background.join();
+
+  st.config = Config::FromEnvironment();
+  st.shutdown_requested = false;
+  std::unique_ptr<MPIBackend> backend;
+  TFRING_RETURN_IF_ERROR(MPIBackend::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)), &backend));
+  auto global = std::make_shared<ProcessSet>();
+  global->id = kGlobalProcessSetId;
+  for (int r = 0; r < backend->size(); ++r) global->ranks.push_back(r);
+  TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(global.get(), st.config));
+  Topology topo;
+  TFRING_RETURN_IF_ERROR(ComputeTopology(*global, st.config, &topo));
+  SetLogging(st.config.log_level, st.config.log_timestamps, topo.rank);
+
+  st.topo = topo;
+  st.backend = std::move(backend);
+  st.process_sets.Clear();
+  st.process_sets.Add(global);
+  {
+    std::lock_guard<std::mutex> elock(st.enqueue_mu);
+    st.stopped = false;
+    st.stopped_status = Status::OK();
+  }
+  st.ever_initialized = true;
+  st.running = true;
+  st.background = std::thread(BackgroundLoop);
+  TFRING_LOG(DEBUG) << "initialised: size " << topo.size << ", local rank " << topo.local_rank
+                    << " of " << topo.local_size;
+  return Status::OK();
+}
+
+Status Shutdown() {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  if (!st.running) return Status::OK();
+  st.shutdown_requested = true;
+  if (st.background.joinable()) st.background.join();
+  {
+    std::lock_guard<std::mutex> elock(st.enqueue_mu);
+    st.stopped_status = Status::PreconditionError(
+        "tfring has been shut down on this rank (shutdown() was called); call init() to start it "
+        "again.");
+  }
+  st.running = false;
+  return Status::OK();
+}
+
+bool IsInitialized() {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.enqueue_mu);
+  return st.running && !st.stopped;
+}
+
+Status CheckInitialized() {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.enqueue_mu);
+  if (!st.ever_initialized) {
+    return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
+  }
+  if (st.stopped) return st.stopped_status;
+  return Status::OK();
+}
+
+int Rank() { return state().topo.rank; }
+int Size() { return state().topo.size; }
+int LocalRank() { return state().topo.local_rank; }
+int LocalSize() { return state().topo.local_size; }
+int CrossRank() { return state().topo.cross_rank; }
+int CrossSize() { return state().topo.cross_size; }
+bool IsHomogeneous() { return state().topo.homogeneous; }
+bool MPIThreadsSupported() {
+  GlobalState& st = state();
+  return st.backend && st.backend->threads_supported();
+}
+
+Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.enqueue_mu);
+  if (!st.ever_initialized) {
+    return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
+  }
+  if (st.stopped) return st.stopped_status;
+  auto ps = st.process_sets.Get(process_set_id);
+  if (!ps) {
+    return Status::InvalidArgument("tfring: there is no process set with id " +
+                                   std::to_string(process_set_id) +
+                                   " (was it added with add_process_set() on every rank?)");
+  }
+  if (!ps->included()) {
+    std::string ranks;
+    for (int r : ps->ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return Status::InvalidArgument("tfring: rank " + std::to_string(st.topo.rank) +
+                                   " is not a member of process set " +
+                                   std::to_string(process_set_id) + " (ranks [" + ranks + "])");
+  }
+  return ps->queue.Add(std::move(entry), ps->rank);
+}
+
+namespace {
+
+Status RunBlocking(TensorTableEntry entry, int32_t* result) {
+  auto promise = std::make_shared<std::promise<std::pair<Status, int32_t>>>();
+  auto future = promise->get_future();
+  entry.callback = [promise](const Status& s, int32_t r) { promise->set_value({s, r}); };
+  TFRING_RETURN_IF_ERROR(Enqueue(kGlobalProcessSetId, std::move(entry)));
+  auto out = future.get();
+  if (result) *result = out.second;
+  return out.first;
+}
+
+}  // namespace
+
+Status AddProcessSet(const std::vector<int>& ranks, int32_t* id) {
+  TensorTableEntry e;
+  e.name = "__tfring_add_process_set_" + std::to_string(state().add_counter++);
+  e.type = CollectiveType::ADD_PROCESS_SET;
+  e.dtype = DataType::UINT8;
+  e.splits.assign(ranks.begin(), ranks.end());
+  return RunBlocking(std::move(e), id);
+}
+
+Status RemoveProcessSet(int32_t id) {
+  TensorTableEntry e;
+  e.name = "__tfring_remove_process_set_" + std::to_string(state().add_counter++);
+  e.type = CollectiveType::REMOVE_PROCESS_SET;
+  e.dtype = DataType::UINT8;
+  e.splits = {id};
+  return RunBlocking(std::move(e), nullptr);
+}
+
+Status GetProcessSet(int32_t id, int* rank, std::vector<int>* ranks) {
+  TFRING_RETURN_IF_ERROR(CheckInitialized());
+  auto ps = state().process_sets.Get(id);
+  if (!ps) {
+    return Status::InvalidArgument("tfring: there is no process set with id " + std::to_string(id));
+  }
+  *rank = ps->rank;
+  *ranks = ps->ranks;
+  return Status::OK();
+}
+
+std::vector<int32_t> ProcessSetIds() {
+  std::vector<int32_t> ids;
+  for (const auto& ps : state().process_sets.All()) ids.push_back(ps->id);
+  return ids;
+}
+
+}  // namespace tfring

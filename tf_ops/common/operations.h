@@ -1,0 +1,51 @@
+// The core's public face: what framework bindings (the TF kernels and the
+// Python module) call. Everything here is thread-safe.
+#ifndef TFRING_COMMON_OPERATIONS_H
+#define TFRING_COMMON_OPERATIONS_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.h"
+#include "tensor_queue.h"
+
+namespace tfring {
+
+constexpr int32_t kGlobalProcessSetId = 0;
+// The reserved name of a rank's pending join() in each process set.
+extern const char* const kJoinTensorName;
+
+// Starts tfring over an MPI communicator given by its Fortran handle
+// (mpi4py's comm.py2f()). Idempotent while running; after shutdown() it
+// starts afresh.
+Status InitializeMPI(int64_t fortran_comm);
+// Asks every rank to stop, waits for the background thread, fails whatever
+// is still pending. Safe to call more than once.
+Status Shutdown();
+bool IsInitialized();
+// OK when collectives can be submitted; otherwise the error to show the user.
+Status CheckInitialized();
+
+int Rank();
+int Size();
+int LocalRank();
+int LocalSize();
+int CrossRank();
+int CrossSize();
+bool IsHomogeneous();
+bool MPIThreadsSupported();
+
+// Submits one collective. On error the entry's callback is not called.
+Status Enqueue(int32_t process_set_id, TensorTableEntry entry);
+
+// Collective over all ranks; blocks until every rank has made the same call.
+Status AddProcessSet(const std::vector<int>& ranks, int32_t* id);
+Status RemoveProcessSet(int32_t id);
+// rank is -1 when this process is not a member.
+Status GetProcessSet(int32_t id, int* rank, std::vector<int>* ranks);
+std::vector<int32_t> ProcessSetIds();
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_OPERATIONS_H

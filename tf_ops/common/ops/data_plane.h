@@ -1,0 +1,38 @@
+// A data plane moves tensor bytes between the ranks of one process set. The
+// core decides what to run and in which order; a data plane only runs it.
+// All calls are collective over the set and made from the background thread.
+#ifndef TFRING_COMMON_OPS_DATA_PLANE_H
+#define TFRING_COMMON_OPS_DATA_PLANE_H
+
+#include <cstdint>
+#include <vector>
+
+#include "../common.h"
+#include "../status.h"
+
+namespace tfring {
+
+class DataPlane {
+ public:
+  virtual ~DataPlane() = default;
+  virtual const char* name() const = 0;
+
+  // In place over `count` elements. `op` is SUM, MIN, MAX or PRODUCT:
+  // averaging and scaling are the core's job.
+  virtual Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) = 0;
+  // Rank r contributes recv_bytes[r] bytes; results are concatenated in rank order.
+  virtual Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) = 0;
+  virtual Status Broadcast(void* buffer, int64_t bytes, int root) = 0;
+  // send_bytes[r] bytes go to rank r; recv_bytes[r] bytes come from rank r.
+  virtual Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                          const std::vector<int64_t>& recv_bytes) = 0;
+  // Reduces `send` across ranks; rank r keeps recv_counts[r] elements of the
+  // result, in rank order.
+  virtual Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
+                               DataType dtype, ReduceOp op) = 0;
+  virtual Status Barrier() = 0;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_OPS_DATA_PLANE_H

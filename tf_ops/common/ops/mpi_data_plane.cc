@@ -1,0 +1,91 @@
+#include "mpi_data_plane.h"
+
+#include <limits>
+
+namespace tfring {
+namespace {
+
+constexpr int64_t kMaxCount = std::numeric_limits<int>::max();
+
+// MPI counts are ints; turn a list of 64-bit byte counts into counts and
+// displacements, or an error naming the limit.
+Status ToIntCounts(const std::vector<int64_t>& bytes, std::vector<int>* counts,
+                   std::vector<int>* displs, const char* what) {
+  counts->resize(bytes.size());
+  displs->resize(bytes.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] > kMaxCount || offset > kMaxCount) {
+      return Status::InvalidArgument(std::string("tfring: ") + what +
+                                     " exceeds the MPI data plane's 2 GiB per-message limit");
+    }
+    (*counts)[i] = static_cast<int>(bytes[i]);
+    (*displs)[i] = static_cast<int>(offset);
+    offset += bytes[i];
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status MPIDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
+  MPI_Op mpi_op;
+  TFRING_RETURN_IF_ERROR(MPIReduceOp(dtype, op, &mpi_op));
+  // Split very large buffers so each call stays within MPI's int counts.
+  char* p = static_cast<char*>(buffer);
+  const int64_t esize = DataTypeSize(dtype);
+  for (int64_t done = 0; done < count;) {
+    int64_t n = std::min(count - done, kMaxCount);
+    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, static_cast<int>(n),
+                                                   MPIDataType(dtype), mpi_op, comm_->get()),
+                                     "Allreduce"));
+    done += n;
+  }
+  return Status::OK();
+}
+
+Status MPIDataPlane::Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) {
+  std::vector<int> counts, displs;
+  TFRING_RETURN_IF_ERROR(ToIntCounts(recv_bytes, &counts, &displs, "allgather"));
+  return MPIStatus(MPI_Allgatherv(send, counts[comm_->rank()], MPI_BYTE, recv, counts.data(),
+                                  displs.data(), MPI_BYTE, comm_->get()),
+                   "Allgatherv");
+}
+
+Status MPIDataPlane::Broadcast(void* buffer, int64_t bytes, int root) {
+  // Every rank has validated the same size, so all skip an empty broadcast.
+  char* p = static_cast<char*>(buffer);
+  for (int64_t done = 0; done < bytes;) {
+    int64_t n = std::min(bytes - done, kMaxCount);
+    TFRING_RETURN_IF_ERROR(
+        MPIStatus(MPI_Bcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_->get()), "Bcast"));
+    done += n;
+  }
+  return Status::OK();
+}
+
+Status MPIDataPlane::Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                              const std::vector<int64_t>& recv_bytes) {
+  std::vector<int> scounts, sdispls, rcounts, rdispls;
+  TFRING_RETURN_IF_ERROR(ToIntCounts(send_bytes, &scounts, &sdispls, "alltoall"));
+  TFRING_RETURN_IF_ERROR(ToIntCounts(recv_bytes, &rcounts, &rdispls, "alltoall"));
+  return MPIStatus(MPI_Alltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv,
+                                 rcounts.data(), rdispls.data(), MPI_BYTE, comm_->get()),
+                   "Alltoallv");
+}
+
+Status MPIDataPlane::Reducescatter(const void* send, void* recv,
+                                   const std::vector<int64_t>& recv_counts, DataType dtype,
+                                   ReduceOp op) {
+  MPI_Op mpi_op;
+  TFRING_RETURN_IF_ERROR(MPIReduceOp(dtype, op, &mpi_op));
+  std::vector<int> counts, displs;
+  TFRING_RETURN_IF_ERROR(ToIntCounts(recv_counts, &counts, &displs, "reducescatter"));
+  return MPIStatus(MPI_Reduce_scatter(send, recv, counts.data(), MPIDataType(dtype), mpi_op,
+                                      comm_->get()),
+                   "Reduce_scatter");
+}
+
+Status MPIDataPlane::Barrier() { return MPIStatus(MPI_Barrier(comm_->get()), "Barrier"); }
+
+}  // namespace tfring

@@ -1,0 +1,32 @@
+// The MPI data plane: each collective maps to the matching MPI collective on
+// the process set's communicator.
+#ifndef TFRING_COMMON_OPS_MPI_DATA_PLANE_H
+#define TFRING_COMMON_OPS_MPI_DATA_PLANE_H
+
+#include <memory>
+
+#include "../mpi/mpi_context.h"
+#include "data_plane.h"
+
+namespace tfring {
+
+class MPIDataPlane : public DataPlane {
+ public:
+  explicit MPIDataPlane(std::shared_ptr<MPICommunicator> comm) : comm_(std::move(comm)) {}
+  const char* name() const override { return "MPI"; }
+  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
+  Status Broadcast(void* buffer, int64_t bytes, int root) override;
+  Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                  const std::vector<int64_t>& recv_bytes) override;
+  Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
+                       DataType dtype, ReduceOp op) override;
+  Status Barrier() override;
+
+ private:
+  std::shared_ptr<MPICommunicator> comm_;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_OPS_MPI_DATA_PLANE_H

@@ -1,0 +1,61 @@
+// A process set is a group of ranks that runs its own collectives: its own
+// queue of pending tensors, its own negotiation (controller) and its own data
+// plane. Id 0 is the global set of all ranks.
+#ifndef TFRING_COMMON_PROCESS_SET_H
+#define TFRING_COMMON_PROCESS_SET_H
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "controller.h"
+#include "fusion_buffer.h"
+#include "ops/data_plane.h"
+#include "tensor_queue.h"
+
+namespace tfring {
+
+struct ProcessSet {
+  int32_t id = 0;
+  std::vector<int> ranks;  // job-wide ranks, ascending
+  int rank = -1;           // this process's rank in the set; -1 when not a member
+  TensorQueue queue;
+  std::unique_ptr<Controller> controller;  // null when not a member
+  std::unique_ptr<DataPlane> data_plane;   // null when not a member
+  FusionBuffer fusion_buffer;
+
+  bool included() const { return rank >= 0; }
+  int size() const { return static_cast<int>(ranks.size()); }
+};
+
+class ProcessSetTable {
+ public:
+  std::shared_ptr<ProcessSet> Get(int32_t id) const;
+  void Add(std::shared_ptr<ProcessSet> set);
+  std::shared_ptr<ProcessSet> Remove(int32_t id);
+  std::vector<std::shared_ptr<ProcessSet>> All() const;  // by ascending id
+  void Clear();
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int32_t, std::shared_ptr<ProcessSet>> sets_;
+};
+
+// What a communication backend provides: a way to build a process set's
+// controller and data plane. MPI implements it today; a TCP backend can
+// implement it later without touching the operations or the kernels.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Collective over all ranks of the job. Fills `set`'s controller and data
+  // plane (left null when this rank is not in `set->ranks`).
+  virtual Status CreateProcessSet(ProcessSet* set, const Config& config) = 0;
+  virtual bool threads_supported() const = 0;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_PROCESS_SET_H

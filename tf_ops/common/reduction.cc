@@ -1,0 +1,184 @@
+#include "reduction.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace tfring {
+
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ffu;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) {  // inf or nan
+    return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  }
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow
+  if (absx < 0x38800000u) {  // subnormal or zero in half
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t e = absx >> 23;
+    uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+    // value = m * 2^(e-150) and a half subnormal is hm * 2^-24.
+    uint32_t shift = 126 - e;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    uint32_t half_m = m >> shift;
+    if (rem > halfway || (rem == halfway && (half_m & 1))) ++half_m;
+    return static_cast<uint16_t>(sign | half_m);
+  }
+  uint32_t h = ((absx - 0x38000000u) >> 13);
+  uint32_t rem = absx & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+namespace {
+
+template <typename T>
+void ReduceTyped(T* dst, const T* src, int64_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] + src[i]);
+      break;
+    case ReduceOp::MIN:
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      break;
+    case ReduceOp::MAX:
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      break;
+    case ReduceOp::PRODUCT:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] * src[i]);
+      break;
+    default:
+      break;
+  }
+}
+
+void ReduceBool(uint8_t* dst, const uint8_t* src, int64_t n, ReduceOp op) {
+  const bool any = (op == ReduceOp::SUM || op == ReduceOp::MAX);
+  for (int64_t i = 0; i < n; ++i) dst[i] = any ? (dst[i] || src[i]) : (dst[i] && src[i]);
+}
+
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void Reduce16(uint16_t* dst, const uint16_t* src, int64_t n, ReduceOp op) {
+  for (int64_t i = 0; i < n; ++i) {
+    float a = ToF(dst[i]), b = ToF(src[i]), r = a;
+    switch (op) {
+      case ReduceOp::SUM: r = a + b; break;
+      case ReduceOp::MIN: r = std::min(a, b); break;
+      case ReduceOp::MAX: r = std::max(a, b); break;
+      case ReduceOp::PRODUCT: r = a * b; break;
+      default: break;
+    }
+    dst[i] = FromF(r);
+  }
+}
+
+template <typename T>
+void ScaleTyped(T* buf, int64_t n, double factor) {
+  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
+}
+
+template <typename T>
+void ScaleFloat(T* buf, int64_t n, double factor) {
+  const T f = static_cast<T>(factor);
+  for (int64_t i = 0; i < n; ++i) buf[i] *= f;
+}
+
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void Scale16(uint16_t* buf, int64_t n, double factor) {
+  const float f = static_cast<float>(factor);
+  for (int64_t i = 0; i < n; ++i) buf[i] = FromF(ToF(buf[i]) * f);
+}
+
+}  // namespace
+
+Status ReduceInto(void* dst, const void* src, int64_t n, DataType dtype, ReduceOp op) {
+  if (op != ReduceOp::SUM && op != ReduceOp::MIN && op != ReduceOp::MAX &&
+      op != ReduceOp::PRODUCT) {
+    return Status::InvalidArgument(std::string("tfring: reduce op ") + ReduceOpName(op) +
+                                   " cannot be applied element-wise");
+  }
+  switch (dtype) {
+    case DataType::UINT8: ReduceTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op); break;
+    case DataType::INT8: ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n, op); break;
+    case DataType::UINT16: ReduceTyped(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op); break;
+    case DataType::INT16: ReduceTyped(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n, op); break;
+    case DataType::INT32: ReduceTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op); break;
+    case DataType::INT64: ReduceTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op); break;
+    case DataType::FLOAT32: ReduceTyped(static_cast<float*>(dst), static_cast<const float*>(src), n, op); break;
+    case DataType::FLOAT64: ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(src), n, op); break;
+    case DataType::BOOL: ReduceBool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op); break;
+    case DataType::FLOAT16:
+      Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
+      break;
+    case DataType::BFLOAT16:
+      Reduce16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
+      break;
+  }
+  return Status::OK();
+}
+
+Status ScaleBuffer(void* buf, int64_t n, DataType dtype, double factor) {
+  if (factor == 1.0) return Status::OK();
+  switch (dtype) {
+    case DataType::UINT8: ScaleTyped(static_cast<uint8_t*>(buf), n, factor); break;
+    case DataType::INT8: ScaleTyped(static_cast<int8_t*>(buf), n, factor); break;
+    case DataType::UINT16: ScaleTyped(static_cast<uint16_t*>(buf), n, factor); break;
+    case DataType::INT16: ScaleTyped(static_cast<int16_t*>(buf), n, factor); break;
+    case DataType::INT32: ScaleTyped(static_cast<int32_t*>(buf), n, factor); break;
+    case DataType::INT64: ScaleTyped(static_cast<int64_t*>(buf), n, factor); break;
+    case DataType::FLOAT32: ScaleFloat(static_cast<float*>(buf), n, factor); break;
+    case DataType::FLOAT64: ScaleFloat(static_cast<double*>(buf), n, factor); break;
+    case DataType::FLOAT16: Scale16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, factor); break;
+    case DataType::BFLOAT16: Scale16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, factor); break;
+    case DataType::BOOL:
+      return Status::InvalidArgument("tfring: bool tensors cannot be scaled (use op=Sum, Min or Max)");
+  }
+  return Status::OK();
+}
+
+}  // namespace tfring

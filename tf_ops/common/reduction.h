@@ -1,0 +1,29 @@
+// Element-wise arithmetic on raw buffers of any supported dtype: combining
+// two buffers with a reduce op, and scaling a buffer. Data planes that reduce
+// by themselves (and the MPI user ops for float16/bfloat16) call these.
+#ifndef TFRING_COMMON_REDUCTION_H
+#define TFRING_COMMON_REDUCTION_H
+
+#include <cstdint>
+
+#include "common.h"
+#include "status.h"
+
+namespace tfring {
+
+// dst[i] = op(dst[i], src[i]). op is one of SUM, MIN, MAX, PRODUCT; bool
+// treats SUM/MAX as "or" and MIN/PRODUCT as "and".
+Status ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
+
+// buf[i] *= factor. Integers are scaled in double precision and truncated.
+Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);
+
+// IEEE half and bfloat16 conversions (round to nearest even).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_REDUCTION_H

@@ -1,0 +1,78 @@
+// The Python face of the core (lifecycle, topology, process sets). It lives
+// in the same shared object as the TF ops so that both see one coordinator.
+// Functions return (code, message[, value]) and tfring/common/basics.py turns
+// a non-zero code into the matching tf.errors exception.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "common/operations.h"
+
+namespace py = pybind11;
+
+namespace {
+
+py::tuple StatusTuple(const tfring::Status& s) {
+  return py::make_tuple(static_cast<int>(s.code()), s.message());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_tfring_ops, m) {
+  m.doc() = "tfring core: lifecycle, topology and process sets";
+
+  m.def("init", [](int64_t fortran_comm) {
+    tfring::Status s;
+    {
+      py::gil_scoped_release release;
+      s = tfring::InitializeMPI(fortran_comm);
+    }
+    return StatusTuple(s);
+  });
+  m.def("shutdown", []() {
+    tfring::Status s;
+    {
+      py::gil_scoped_release release;
+      s = tfring::Shutdown();
+    }
+    return StatusTuple(s);
+  });
+  m.def("is_initialized", &tfring::IsInitialized);
+  m.def("check_initialized", []() { return StatusTuple(tfring::CheckInitialized()); });
+  m.def("rank", &tfring::Rank);
+  m.def("size", &tfring::Size);
+  m.def("local_rank", &tfring::LocalRank);
+  m.def("local_size", &tfring::LocalSize);
+  m.def("cross_rank", &tfring::CrossRank);
+  m.def("cross_size", &tfring::CrossSize);
+  m.def("is_homogeneous", &tfring::IsHomogeneous);
+  m.def("mpi_threads_supported", &tfring::MPIThreadsSupported);
+  m.def("add_process_set", [](const std::vector<int>& ranks) {
+    int32_t id = -1;
+    tfring::Status s;
+    {
+      py::gil_scoped_release release;
+      s = tfring::AddProcessSet(ranks, &id);
+    }
+    return py::make_tuple(static_cast<int>(s.code()), s.message(), id);
+  });
+  m.def("remove_process_set", [](int32_t id) {
+    tfring::Status s;
+    {
+      py::gil_scoped_release release;
+      s = tfring::RemoveProcessSet(id);
+    }
+    return StatusTuple(s);
+  });
+  m.def("process_set_info", [](int32_t id) {
+    int rank = -1;
+    std::vector<int> ranks;
+    tfring::Status s = tfring::GetProcessSet(id, &rank, &ranks);
+    return py::make_tuple(static_cast<int>(s.code()), s.message(), rank, ranks);
+  });
+  m.def("process_set_ids", &tfring::ProcessSetIds);
+#ifdef TFRING_WITH_NCCL
+  m.attr("nccl_built") = true;
+#else
+  m.attr("nccl_built") = false;
+#endif
+}

@@ -1,0 +1,445 @@
+// TensorFlow kernels. Each one only translates between TF tensors and core
+// requests: it checks what TF knows locally, builds a TensorTableEntry and
+// enqueues it. Negotiation, validation across ranks and the data movement
+// all happen in the core's background thread, which calls `done` at the end.
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor.h"
+
+#include "../common/operations.h"
+
+namespace tfring {
+namespace {
+
+namespace tf = ::tensorflow;
+
+tf::Status ToTFStatus(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::OK: return tf::OkStatus();
+    case StatusCode::PRECONDITION_ERROR: return tf::errors::FailedPrecondition(s.message());
+    case StatusCode::ABORTED: return tf::errors::Aborted(s.message());
+    case StatusCode::INVALID_ARGUMENT: return tf::errors::InvalidArgument(s.message());
+    default: return tf::errors::Unknown(s.message());
+  }
+}
+
+Status FromTFStatus(const tf::Status& s) {
+  if (s.ok()) return Status::OK();
+  return Status::Unknown(std::string(s.message()));
+}
+
+Status ToCoreType(tf::DataType dt, DataType* out) {
+  switch (dt) {
+    case tf::DT_UINT8: *out = DataType::UINT8; break;
+    case tf::DT_INT8: *out = DataType::INT8; break;
+    case tf::DT_UINT16: *out = DataType::UINT16; break;
+    case tf::DT_INT16: *out = DataType::INT16; break;
+    case tf::DT_INT32: *out = DataType::INT32; break;
+    case tf::DT_INT64: *out = DataType::INT64; break;
+    case tf::DT_HALF: *out = DataType::FLOAT16; break;
+    case tf::DT_BFLOAT16: *out = DataType::BFLOAT16; break;
+    case tf::DT_FLOAT: *out = DataType::FLOAT32; break;
+    case tf::DT_DOUBLE: *out = DataType::FLOAT64; break;
+    case tf::DT_BOOL: *out = DataType::BOOL; break;
+    default:
+      return Status::InvalidArgument("tfring: collectives do not support dtype " +
+                                     tf::DataTypeString(dt));
+  }
+  return Status::OK();
+}
+
+TensorShape ToCoreShape(const tf::TensorShape& s) {
+  TensorShape out;
+  for (int i = 0; i < s.dims(); ++i) out.push_back(s.dim_size(i));
+  return out;
+}
+
+tf::TensorShape ToTFShape(const TensorShape& s) {
+  tf::TensorShape out;
+  for (int64_t d : s) out.AddDim(d);
+  return out;
+}
+
+void* DataOf(const tf::Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
+
+// Completes an op that submitted several entries once the last one is done,
+// reporting the first error.
+class GroupCompletion {
+ public:
+  GroupCompletion(tf::OpKernelContext* ctx, tf::AsyncOpKernel::DoneCallback done, int count)
+      : ctx_(ctx), done_(std::move(done)), remaining_(count) {}
+  // Marks `n` entries finished with `s`; the last one completes the op.
+  void Finish(const Status& s, int n = 1) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok() && status_.ok()) status_ = s;
+    }
+    if (remaining_.fetch_sub(n) == n) {
+      ctx_->SetStatus(ToTFStatus(status_));
+      done_();
+    }
+  }
+
+ private:
+  tf::OpKernelContext* ctx_;
+  tf::AsyncOpKernel::DoneCallback done_;
+  std::atomic<int> remaining_;
+  std::mutex mu_;
+  Status status_;
+};
+
+class CollectiveKernel : public tf::AsyncOpKernel {
+ public:
+  explicit CollectiveKernel(tf::OpKernelConstruction* c) : tf::AsyncOpKernel(c) {
+    if (c->HasAttr("ignore_name_scope")) {
+      OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
+    }
+    if (c->HasAttr("process_set_id")) {
+      OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
+    }
+  }
+
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(CheckInitialized()), done);
+    const int n = NumEntries(ctx);
+    auto group = std::make_shared<GroupCompletion>(ctx, done, n);
+    for (int i = 0; i < n; ++i) {
+      TensorTableEntry e;
+      e.name = n > 1 || grouped_ ? TensorName() + "_" + std::to_string(i) : TensorName();
+      if (grouped_) {
+        e.group_name = TensorName();
+        e.group_size = n;
+        e.group_index = i;
+      }
+      Status s = Prepare(ctx, i, &e);
+      if (s.ok()) {
+        e.callback = [group](const Status& st, int32_t) { group->Finish(st); };
+        s = Enqueue(process_set_id_, std::move(e));
+      }
+      if (!s.ok()) {
+        // Entries already enqueued will still finish; count the rest as failed.
+        group->Finish(s, n - i);
+        return;
+      }
+    }
+  }
+
+ protected:
+  virtual int NumEntries(tf::OpKernelContext* ctx) const { return 1; }
+  // Fills everything but name, group fields and callback for entry `i`.
+  virtual Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) = 0;
+
+  Status FillInput(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) {
+    const tf::Tensor& t = ctx->input(i);
+    TFRING_RETURN_IF_ERROR(ToCoreType(t.dtype(), &e->dtype));
+    e->shape = ToCoreShape(t.shape());
+    e->input = t.tensor_data().data();
+    return Status::OK();
+  }
+
+  // Output with the input's shape, reusing the input buffer when TF allows.
+  Status SameShapeOutput(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) {
+    tf::Tensor* out = nullptr;
+    TFRING_RETURN_IF_ERROR(FromTFStatus(
+        ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out)));
+    e->output = DataOf(out);
+    return Status::OK();
+  }
+
+  static AllocateFn Allocator(tf::OpKernelContext* ctx, int i) {
+    return [ctx, i](const TensorShape& shape, void** data) {
+      tf::Tensor* out = nullptr;
+      TFRING_RETURN_IF_ERROR(FromTFStatus(ctx->allocate_output(i, ToTFShape(shape), &out)));
+      *data = DataOf(out);
+      return Status::OK();
+    };
+  }
+
+  std::string TensorName() const {
+    const std::string& full = name();
+    if (!ignore_name_scope_) return full;
+    auto pos = full.rfind('/');
+    return pos == std::string::npos ? full : full.substr(pos + 1);
+  }
+
+  bool grouped_ = false;
+  bool ignore_name_scope_ = false;
+  int process_set_id_ = 0;
+};
+
+// Reads the reduce op and scale factors shared by allreduce and reducescatter.
+struct ReductionAttrs {
+  void Read(tf::OpKernelConstruction* c) {
+    int op = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+    reduce_op = static_cast<ReduceOp>(op);
+    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale));
+    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale));
+  }
+  void Apply(TensorTableEntry* e) const {
+    e->reduce_op = reduce_op;
+    e->prescale_factor = prescale;
+    e->postscale_factor = postscale;
+  }
+  ReduceOp reduce_op = ReduceOp::SUM;
+  float prescale = 1.0f, postscale = 1.0f;
+};
+
+class AllreduceOp : public CollectiveKernel {
+ public:
+  explicit AllreduceOp(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
+    attrs_.Read(c);
+    grouped_ = c->HasAttr("num_tensors");
+  }
+
+ protected:
+  int NumEntries(tf::OpKernelContext* ctx) const override { return ctx->num_inputs(); }
+  Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) override {
+    e->type = CollectiveType::ALLREDUCE;
+    attrs_.Apply(e);
+    TFRING_RETURN_IF_ERROR(FillInput(ctx, i, e));
+    return SameShapeOutput(ctx, i, e);
+  }
+
+ private:
+  ReductionAttrs attrs_;
+};
+
+class AllgatherOp : public CollectiveKernel {
+ public:
+  explicit AllgatherOp(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
+    grouped_ = c->HasAttr("num_tensors");
+  }
+
+ protected:
+  int NumEntries(tf::OpKernelContext* ctx) const override { return ctx->num_inputs(); }
+  Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) override {
+    e->type = CollectiveType::ALLGATHER;
+    TFRING_RETURN_IF_ERROR(FillInput(ctx, i, e));
+    e->allocate_output = Allocator(ctx, i);
+    return Status::OK();
+  }
+};
+
+class BroadcastOp : public CollectiveKernel {
+ public:
+  explicit BroadcastOp(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_rank_));
+  }
+
+ protected:
+  Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) override {
+    e->type = CollectiveType::BROADCAST;
+    e->root_rank = root_rank_;
+    TFRING_RETURN_IF_ERROR(FillInput(ctx, i, e));
+    return SameShapeOutput(ctx, i, e);
+  }
+
+ private:
+  int root_rank_ = 0;
+};
+
+// Broadcasts straight into a resource variable's buffer. The variable's lock
+// is held until the broadcast completes so no one reads a half-written value.
+class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
+ public:
+  explicit BroadcastInplaceResourceOp(tf::OpKernelConstruction* c) : tf::AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_rank_));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
+    OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
+  }
+
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(CheckInitialized()), done);
+    tf::core::RefCountPtr<tf::Var> ref;
+    OP_REQUIRES_OK_ASYNC(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, 0), &ref), done);
+    tf::Var* var = ref.release();
+    var->mu()->lock();
+    auto release = [var]() {
+      var->mu()->unlock();
+      var->Unref();
+    };
+    tf::Tensor* t = var->tensor();
+    if (!t->RefCountIsOne()) {
+      // Someone else still holds the old buffer: write into a private copy.
+      tf::Tensor copy(t->dtype(), t->shape());
+      std::memcpy(DataOf(&copy), t->tensor_data().data(), t->TotalBytes());
+      *t = copy;
+    }
+    TensorTableEntry e;
+    const std::string& full = name();
+    auto pos = full.rfind('/');
+    e.name = ignore_name_scope_ && pos != std::string::npos ? full.substr(pos + 1) : full;
+    e.type = CollectiveType::BROADCAST;
+    e.root_rank = root_rank_;
+    e.shape = ToCoreShape(t->shape());
+    e.input = DataOf(t);
+    e.output = DataOf(t);
+    e.callback = [ctx, done, release](const Status& s, int32_t) {
+      release();
+      ctx->SetStatus(ToTFStatus(s));
+      done();
+    };
+    Status s = ToCoreType(t->dtype(), &e.dtype);
+    if (s.ok()) s = Enqueue(process_set_id_, std::move(e));
+    if (!s.ok()) {
+      release();
+      ctx->SetStatus(ToTFStatus(s));
+      done();
+    }
+  }
+
+ private:
+  int root_rank_ = 0;
+  int process_set_id_ = 0;
+  bool ignore_name_scope_ = false;
+};
+
+class AlltoallOp : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+ protected:
+  Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) override {
+    e->type = CollectiveType::ALLTOALL;
+    TFRING_RETURN_IF_ERROR(FillInput(ctx, 0, e));
+    if (e->shape.empty()) {
+      return Status::InvalidArgument("tfring: alltoall needs a tensor with at least one dimension");
+    }
+    const tf::Tensor& splits = ctx->input(1);
+    auto flat = splits.flat<int32_t>();
+    for (int64_t j = 0; j < flat.size(); ++j) e->splits.push_back(flat(j));
+    e->allocate_output = Allocator(ctx, 0);
+    e->set_received_splits = [ctx](const std::vector<int64_t>& received) {
+      tf::Tensor* out = nullptr;
+      if (!ctx->allocate_output(1, tf::TensorShape({static_cast<int64_t>(received.size())}), &out)
+               .ok())
+        return;
+      auto v = out->flat<int32_t>();
+      for (size_t j = 0; j < received.size(); ++j) v(j) = static_cast<int32_t>(received[j]);
+    };
+    return Status::OK();
+  }
+};
+
+class ReducescatterOp : public CollectiveKernel {
+ public:
+  explicit ReducescatterOp(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
+    attrs_.Read(c);
+    grouped_ = c->HasAttr("num_tensors");
+  }
+
+ protected:
+  int NumEntries(tf::OpKernelContext* ctx) const override { return ctx->num_inputs(); }
+  Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) override {
+    e->type = CollectiveType::REDUCESCATTER;
+    attrs_.Apply(e);
+    TFRING_RETURN_IF_ERROR(FillInput(ctx, i, e));
+    e->allocate_output = Allocator(ctx, i);
+    return Status::OK();
+  }
+
+ private:
+  ReductionAttrs attrs_;
+};
+
+class BarrierOp : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+ protected:
+  Status Prepare(tf::OpKernelContext*, int, TensorTableEntry* e) override {
+    e->type = CollectiveType::BARRIER;
+    e->dtype = DataType::UINT8;
+    return Status::OK();
+  }
+};
+
+class JoinOp : public tf::AsyncOpKernel {
+ public:
+  explicit JoinOp(tf::OpKernelConstruction* c) : tf::AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
+  }
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(CheckInitialized()), done);
+    TensorTableEntry e;
+    e.name = kJoinTensorName;
+    e.type = CollectiveType::JOIN;
+    e.dtype = DataType::UINT8;
+    e.callback = [ctx, done](const Status& s, int32_t last_joined) {
+      if (s.ok()) {
+        tf::Tensor* out = nullptr;
+        tf::Status as = ctx->allocate_output(0, tf::TensorShape({}), &out);
+        if (as.ok()) out->scalar<int32_t>()() = last_joined;
+        ctx->SetStatus(as);
+      } else {
+        ctx->SetStatus(ToTFStatus(s));
+      }
+      done();
+    };
+    OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(Enqueue(process_set_id_, std::move(e))), done);
+  }
+
+ private:
+  int process_set_id_ = 0;
+};
+
+// Graph-time topology queries (rank_op(), size_op(), ...).
+template <int (*Query)(int process_set_id)>
+class ScalarQueryOp : public tf::OpKernel {
+ public:
+  explicit ScalarQueryOp(tf::OpKernelConstruction* c) : tf::OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, ToTFStatus(CheckInitialized()));
+    tf::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &out));
+    out->scalar<int32_t>()() = Query(process_set_id_);
+  }
+
+ private:
+  int process_set_id_ = 0;
+};
+
+int SetSize(int id) {
+  int rank;
+  std::vector<int> ranks;
+  return GetProcessSet(id, &rank, &ranks).ok() ? static_cast<int>(ranks.size()) : -1;
+}
+int SetRank(int id) {
+  int rank;
+  std::vector<int> ranks;
+  return GetProcessSet(id, &rank, &ranks).ok() ? rank : -1;
+}
+int SetIncluded(int id) { return SetRank(id) >= 0 ? 1 : 0; }
+int QueryLocalSize(int) { return LocalSize(); }
+int QueryLocalRank(int) { return LocalRank(); }
+
+#define TFRING_CPU_KERNEL(NAME, CLASS) \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(::tensorflow::DEVICE_CPU), CLASS)
+
+TFRING_CPU_KERNEL("HorovodAllreduce", AllreduceOp);
+TFRING_CPU_KERNEL("HorovodGroupedAllreduce", AllreduceOp);
+TFRING_CPU_KERNEL("HorovodAllgather", AllgatherOp);
+TFRING_CPU_KERNEL("HorovodGroupedAllgather", AllgatherOp);
+TFRING_CPU_KERNEL("HorovodBroadcast", BroadcastOp);
+TFRING_CPU_KERNEL("HorovodBroadcastInplaceResource", BroadcastInplaceResourceOp);
+TFRING_CPU_KERNEL("HorovodAlltoall", AlltoallOp);
+TFRING_CPU_KERNEL("HorovodReducescatter", ReducescatterOp);
+TFRING_CPU_KERNEL("HorovodGroupedReducescatter", ReducescatterOp);
+TFRING_CPU_KERNEL("HorovodBarrier", BarrierOp);
+TFRING_CPU_KERNEL("HorovodJoin", JoinOp);
+TFRING_CPU_KERNEL("HorovodSize", ScalarQueryOp<SetSize>);
+TFRING_CPU_KERNEL("HorovodRank", ScalarQueryOp<SetRank>);
+TFRING_CPU_KERNEL("HorovodLocalSize", ScalarQueryOp<QueryLocalSize>);
+TFRING_CPU_KERNEL("HorovodLocalRank", ScalarQueryOp<QueryLocalRank>);
+TFRING_CPU_KERNEL("HorovodProcessSetIncluded", ScalarQueryOp<SetIncluded>);
+
+}  // namespace
+}  // namespace tfring

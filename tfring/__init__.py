@@ -1,0 +1,7 @@
+"""tfring: Horovod-compatible data-parallel training for TensorFlow 2 and Keras 3.
+
+Use it through ``import tfring.tensorflow as hvd`` or ``import tfring.keras as hvd``
+and launch with ``tfringrun -np N python train.py``.
+"""
+
+__version__ = "0.1.0"

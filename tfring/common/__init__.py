@@ -1,0 +1,1 @@
+"""Framework-neutral Python pieces: loading the op library, lifecycle, process sets."""
