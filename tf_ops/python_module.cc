@@ -38,6 +38,7 @@ PYBIND11_MODULE(_tfring_ops, m) {
   });
   m.def("is_initialized", &tfring::IsInitialized);
   m.def("check_initialized", []() { return StatusTuple(tfring::CheckInitialized()); });
+  m.def("check_topology_known", []() { return StatusTuple(tfring::CheckTopologyKnown()); });
   m.def("rank", &tfring::Rank);
   m.def("size", &tfring::Size);
   m.def("local_rank", &tfring::LocalRank);

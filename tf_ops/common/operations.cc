@@ -64,9 +64,7 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
   for (size_t i = 0; i < n; ++i) have[i] = ps.queue.Take(r.tensor_names[i], &entries[i]);
 
   const int64_t esize = DataTypeSize(r.dtype);
-  const bool average = r.reduce_op == ReduceOp::AVERAGE;
-  const ReduceOp op = average ? ReduceOp::SUM : r.reduce_op;
-  const double post = r.postscale_factor * (average ? 1.0 / ps.size() : 1.0);
+  const ReduceOp op = r.reduce_op == ReduceOp::AVERAGE ? ReduceOp::SUM : r.reduce_op;
   Status s;
   if (n == 1 && have[0]) {
     // One tensor: reduce straight in its output, no fusion copy.
@@ -75,7 +73,8 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
     if (e.output != e.input) std::memcpy(e.output, e.input, count * esize);
     s = ScaleBuffer(e.output, count, r.dtype, r.prescale_factor);
     if (s.ok()) s = ps.data_plane->Allreduce(e.output, count, r.dtype, op);
-    if (s.ok()) s = ScaleBuffer(e.output, count, r.dtype, post);
+    if (s.ok())
+      s = FinishReduction(e.output, count, r.dtype, r.reduce_op, r.postscale_factor, ps.size());
   } else {
     std::vector<int64_t> bytes(n);
     for (size_t i = 0; i < n; ++i) bytes[i] = r.tensor_sizes[i] * esize;
@@ -92,7 +91,7 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
     const int64_t count = layout.total_bytes / esize;
     s = ScaleBuffer(buf, count, r.dtype, r.prescale_factor);
     if (s.ok()) s = ps.data_plane->Allreduce(buf, count, r.dtype, op);
-    if (s.ok()) s = ScaleBuffer(buf, count, r.dtype, post);
+    if (s.ok()) s = FinishReduction(buf, count, r.dtype, r.reduce_op, r.postscale_factor, ps.size());
     if (s.ok()) {
       for (size_t i = 0; i < n; ++i)
         if (have[i]) std::memcpy(entries[i].output, buf + layout.offsets[i], bytes[i]);
@@ -179,9 +178,7 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
   out_shape[0] = counts[ps.rank] / std::max<int64_t>(row_elems, 1);
   if (row_elems == 0) out_shape[0] = rows / n + (ps.rank < rows % n ? 1 : 0);
 
-  const bool average = r.reduce_op == ReduceOp::AVERAGE;
-  const ReduceOp op = average ? ReduceOp::SUM : r.reduce_op;
-  const double post = r.postscale_factor * (average ? 1.0 / n : 1.0);
+  const ReduceOp op = r.reduce_op == ReduceOp::AVERAGE ? ReduceOp::SUM : r.reduce_op;
   const void* send = e.input;
   Status s;
   if (r.prescale_factor != 1.0) {
@@ -195,7 +192,7 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
   void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
   Status rs = ps.data_plane->Reducescatter(send, out, counts, e.dtype, op);
   if (s.ok()) s = rs;
-  if (s.ok()) s = ScaleBuffer(out, counts[ps.rank], e.dtype, post);
+  if (s.ok()) s = FinishReduction(out, counts[ps.rank], e.dtype, r.reduce_op, r.postscale_factor, n);
   Complete(e, alloc.ok() ? s : alloc);
 }
 
@@ -442,6 +439,15 @@ Status CheckInitialized() {
     return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
   }
   if (st.stopped) return st.stopped_status;
+  return Status::OK();
+}
+
+Status CheckTopologyKnown() {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.enqueue_mu);
+  if (!st.ever_initialized) {
+    return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
+  }
   return Status::OK();
 }
 

@@ -26,6 +26,9 @@ Status Shutdown();
 bool IsInitialized();
 // OK when collectives can be submitted; otherwise the error to show the user.
 Status CheckInitialized();
+// OK once init() has succeeded, even if the job has stopped since: rank() and
+// size() stay meaningful in an error handler.
+Status CheckTopologyKnown();
 
 int Rank();
 int Size();

@@ -181,4 +181,32 @@ Status ScaleBuffer(void* buf, int64_t n, DataType dtype, double factor) {
   return Status::OK();
 }
 
+namespace {
+template <typename T>
+void DivideTyped(T* buf, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(d));
+}
+}  // namespace
+
+Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
+                       int ranks) {
+  const bool average = op == ReduceOp::AVERAGE;
+  if (!average || IsFloatingPoint(dtype)) {
+    return ScaleBuffer(buf, count, dtype, postscale * (average ? 1.0 / ranks : 1.0));
+  }
+  TFRING_RETURN_IF_ERROR(ScaleBuffer(buf, count, dtype, postscale));
+  switch (dtype) {
+    case DataType::UINT8: DivideTyped(static_cast<uint8_t*>(buf), count, ranks); break;
+    case DataType::INT8: DivideTyped(static_cast<int8_t*>(buf), count, ranks); break;
+    case DataType::UINT16: DivideTyped(static_cast<uint16_t*>(buf), count, ranks); break;
+    case DataType::INT16: DivideTyped(static_cast<int16_t*>(buf), count, ranks); break;
+    case DataType::INT32: DivideTyped(static_cast<int32_t*>(buf), count, ranks); break;
+    case DataType::INT64: DivideTyped(static_cast<int64_t*>(buf), count, ranks); break;
+    case DataType::BOOL:
+      return Status::InvalidArgument("tfring: bool tensors cannot be averaged (use op=Sum, Min or Max)");
+    default: break;
+  }
+  return Status::OK();
+}
+
 }  // namespace tfring

@@ -18,6 +18,12 @@ Status ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Red
 // buf[i] *= factor. Integers are scaled in double precision and truncated.
 Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);
 
+// Finishes an AVERAGE/SUM reduction: applies `postscale` and, for AVERAGE,
+// divides by `ranks`. Integers are divided (truncating, like C) rather than
+// multiplied by a rounded reciprocal, so e.g. 6/3 is exactly 2.
+Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
+                       int ranks);
+
 // IEEE half and bfloat16 conversions (round to nearest even).
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

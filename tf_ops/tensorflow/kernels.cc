@@ -99,6 +99,9 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     if (c->HasAttr("ignore_name_scope")) {
       OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
     }
+    if (c->HasAttr("tensor_name")) {
+      OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    }
     if (c->HasAttr("process_set_id")) {
       OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
     }
@@ -161,6 +164,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
   }
 
   std::string TensorName() const {
+    if (!tensor_name_.empty()) return tensor_name_;
     const std::string& full = name();
     if (!ignore_name_scope_) return full;
     auto pos = full.rfind('/');
@@ -169,6 +173,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
 
   bool grouped_ = false;
   bool ignore_name_scope_ = false;
+  std::string tensor_name_;
   int process_set_id_ = 0;
 };
 
@@ -252,6 +257,7 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_rank_));
     OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
     OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
+    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
@@ -274,7 +280,9 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
     TensorTableEntry e;
     const std::string& full = name();
     auto pos = full.rfind('/');
-    e.name = ignore_name_scope_ && pos != std::string::npos ? full.substr(pos + 1) : full;
+    e.name = !tensor_name_.empty() ? tensor_name_
+             : ignore_name_scope_ && pos != std::string::npos ? full.substr(pos + 1)
+                                                              : full;
     e.type = CollectiveType::BROADCAST;
     e.root_rank = root_rank_;
     e.shape = ToCoreShape(t->shape());
@@ -298,6 +306,7 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
   int root_rank_ = 0;
   int process_set_id_ = 0;
   bool ignore_name_scope_ = false;
+  std::string tensor_name_;
 };
 
 class AlltoallOp : public CollectiveKernel {

@@ -116,7 +116,8 @@ def _require_init():
 
 def _topology(fn):
     def query():
-        _require_init()
+        # Topology stays valid after the job stopped, for error handlers.
+        _check(_core().check_topology_known())
         return getattr(_core(), fn.__name__)()
     query.__name__ = fn.__name__
     query.__doc__ = fn.__doc__

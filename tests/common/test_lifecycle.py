@@ -1,0 +1,100 @@
+"""init/shutdown paths, topology from the launcher, and the build check."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from support import ROOT, rank_lines
+
+
+def python(code, timeout=120):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def test_calls_before_init_say_to_call_init():
+    result = python("""
+        import tensorflow as tf
+        import tfring.tensorflow as hvd
+        for call in (lambda: hvd.allreduce(tf.ones([2])), hvd.rank, hvd.size,
+                     lambda: hvd.broadcast(tf.ones([1]), 0)):
+            try:
+                call()
+            except tf.errors.FailedPreconditionError as e:
+                assert "has not been initialized; use hvd.init()" in e.message, e.message
+            else:
+                raise SystemExit("no error before init()")
+        assert not hvd.is_initialized()
+        print("OK")
+    """)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr
+
+
+def test_topology_lines(run_ranks):
+    result = run_ranks(3, [sys.executable, "-c",
+                           "import tfring.tensorflow as hvd; hvd.init(); "
+                           "print(hvd.rank(), hvd.size(), hvd.local_rank())"], timeout=120)
+    assert result.returncode == 0, result.stdout
+    lines = sorted(text for _, text in rank_lines(result.stdout))
+    assert lines == ["0 3 0", "1 3 1", "2 3 2"], result.stdout
+
+
+SHUTDOWN_SCRIPT = """
+import tensorflow as tf
+import tfring.tensorflow as hvd
+hvd.init()
+hvd.init()  # idempotent
+hvd.shutdown()
+hvd.shutdown()  # idempotent
+try:
+    hvd.allreduce(tf.ones([1]))
+except (tf.errors.FailedPreconditionError, tf.errors.AbortedError) as e:
+    assert "shut down" in e.message, e.message
+else:
+    raise SystemExit("collective after shutdown() did not fail")
+hvd.init()  # starts afresh
+assert hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy()[0] == hvd.size()
+print("OK", hvd.rank())
+"""
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_shutdown_then_reinit(run_ranks, np_):
+    result = run_ranks(np_, [sys.executable, "-c", SHUTDOWN_SCRIPT], timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("OK") == np_, result.stdout
+
+
+EARLY_EXIT_SCRIPT = """
+import sys
+import tensorflow as tf
+import tfring.tensorflow as hvd
+hvd.init()
+if hvd.rank() == 1:
+    sys.exit(0)  # finishes early: atexit shuts tfring down
+try:
+    for _ in range(1000):
+        hvd.allreduce(tf.ones([1]))
+except tf.errors.AbortedError as e:
+    assert "rank 1" in e.message, e.message
+    print("OK", hvd.rank(), e.message)
+else:
+    raise SystemExit("no error after rank 1 left")
+"""
+
+
+def test_rank_that_finishes_early_is_named(run_ranks):
+    result = run_ranks(2, [sys.executable, "-c", EARLY_EXIT_SCRIPT], timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "OK 0" in result.stdout and "rank 1 called shutdown()" in result.stdout
+
+
+def test_tf_version_mismatch_explains_rebuild(monkeypatch):
+    from tfring import _build_info
+    from tfring.common import loader
+    monkeypatch.setattr(_build_info, "TF_VERSION", "1.0.0")
+    monkeypatch.delenv("TFRING_LIBRARY", raising=False)
+    with pytest.raises(ImportError, match=r"built against TensorFlow 1\.0\.0.*pip install"):
+        loader._check_build_info()

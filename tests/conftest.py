@@ -1,0 +1,19 @@
+"""Shared fixtures for the whole suite.
+
+Suites under */ranks/ run inside every rank of a tfringrun job; a plain
+pytest run launches them (see tests/tensorflow/test_ranks.py) rather than
+collecting them itself.
+"""
+import os
+
+import pytest
+
+from support import tfringrun
+
+collect_ignore_glob = [] if os.environ.get("TFRING_RANK_TESTS") == "1" else ["*/ranks/*"]
+
+
+@pytest.fixture(scope="session")
+def run_ranks():
+    """tfringrun(np, args, timeout=..., env=..., extra=...) -> CompletedProcess."""
+    return tfringrun

@@ -1,0 +1,42 @@
+"""Helpers shared by the outer test suites: launching jobs with tfringrun."""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tfringrun(np_, args, timeout=300, env=None, extra=()):
+    """Runs `args` on `np_` ranks with tfringrun, killing the job after
+    `timeout` seconds; returns the CompletedProcess (stdout+stderr merged)."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    cmd = [sys.executable, "-m", "tfring.runner.launch", "-np", str(np_),
+           "--timeout", str(timeout), *extra, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout + 60)
+
+
+def run_rank_suite(np_, suite_dir, timeout=600, env=None):
+    """Runs a */ranks/ pytest suite on every rank and fails with each rank's
+    report if any rank failed."""
+    env = dict(env or {}, TFRING_RANK_TESTS="1")
+    result = tfringrun(np_, [sys.executable, "-m", "pytest", suite_dir, "-q", "-p",
+                             "no:cacheprovider", "-o", "addopts=", "--rootdir", suite_dir],
+                       timeout=timeout, env=env)
+    assert result.returncode == 0, (
+        f"{suite_dir} failed at np={np_} (exit {result.returncode}):\n{result.stdout[-20000:]}")
+    return result.stdout
+
+
+_PREFIX = re.compile(r"^\[(\d+)\](?:<(stdout|stderr)>)?:?\s?(.*)$")
+
+
+def rank_lines(output, stream="stdout"):
+    """[(rank, text)] for the lines tfringrun prefixed with a rank."""
+    lines = []
+    for line in output.splitlines():
+        m = _PREFIX.match(line)
+        if m and (m.group(2) in (None, stream)):
+            lines.append((int(m.group(1)), m.group(3)))
+    return lines

@@ -1,0 +1,31 @@
+"""Fixtures for suites that run inside every rank of a tfringrun job.
+
+These files are collected only when TFRING_RANK_TESTS=1 (set by the launcher
+in tests/tensorflow/test_ranks.py). Every rank runs the same tests in the same
+order, so their collectives line up.
+"""
+import pytest
+from tf_helpers import MODES
+
+import tfring.tensorflow as hvd
+
+
+@pytest.fixture(scope="session", autouse=True)
+def initialized():
+    hvd.init()
+    yield
+
+
+@pytest.fixture(scope="session")
+def rank():
+    return hvd.rank()
+
+
+@pytest.fixture(scope="session")
+def size():
+    return hvd.size()
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    return request.param

@@ -1,0 +1,269 @@
+"""Every collective, in eager mode, in tf.function and in TF1 graph mode,
+checked against numpy from rank-dependent inputs."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfring.tensorflow as hvd
+from tf_helpers import DTYPES, assert_close, rank_values, run
+
+REDUCTIONS = {
+    hvd.Sum: lambda xs, n: xs.sum(0),
+    hvd.Average: lambda xs, n: xs.sum(0) / n,
+    hvd.Min: lambda xs, n: xs.min(0),
+    hvd.Max: lambda xs, n: xs.max(0),
+    hvd.Product: lambda xs, n: xs.prod(0),
+}
+
+
+def expected_reduction(op, dtype, size, shape=(3, 4)):
+    xs = np.stack([rank_values(r, shape) for r in range(size)]).astype(np.float64)
+    out = REDUCTIONS[op](xs, size)
+    if op == hvd.Average and dtype.is_integer:
+        out = np.trunc(out)  # integer averages truncate, like C division
+    return out
+
+
+def test_allreduce_every_dtype_and_op(mode, rank, size):
+    def build():
+        return {f"{dt.name}/{op}": hvd.allreduce(tf.constant(rank_values(rank), dtype=dt), op=op)
+                for dt in DTYPES for op in REDUCTIONS}
+    out = run(mode, build)
+    for dt in DTYPES:
+        for op in REDUCTIONS:
+            assert_close(out[f"{dt.name}/{op}"], expected_reduction(op, dt, size), dt, f"op {op}")
+
+
+def test_allreduce_bool(mode, rank, size):
+    value = np.array([rank == 0, True, False, rank % 2 == 1])
+
+    def build():
+        return [hvd.allreduce(tf.constant(value), op=op) for op in (hvd.Sum, hvd.Min, hvd.Max)]
+    any_, all_, max_ = run(mode, build)
+    everyone = np.stack([[r == 0, True, False, r % 2 == 1] for r in range(size)])
+    np.testing.assert_array_equal(any_, everyone.any(0))
+    np.testing.assert_array_equal(all_, everyone.all(0))
+    np.testing.assert_array_equal(max_, everyone.any(0))
+
+
+def test_allreduce_scale_factors(mode, rank, size):
+    def build():
+        return [hvd.allreduce(tf.constant(rank_values(rank), dtype=dt), op=op,
+                              prescale_factor=3.0, postscale_factor=0.5)
+                for dt in (tf.float32, tf.float64, tf.int32) for op in (hvd.Sum, hvd.Average)]
+    out = run(mode, build)
+    total = np.stack([rank_values(r) for r in range(size)]).sum(0)
+    i = 0
+    for dt in (tf.float32, tf.float64, tf.int32):
+        for avg in (False, True):
+            expected = total * 3 * 0.5 / (size if avg else 1)
+            if dt.is_integer:
+                expected = np.trunc(np.trunc(total * 3 * 0.5) / (size if avg else 1))
+            assert_close(out[i], expected, dt)
+            i += 1
+
+
+def test_allreduce_fp16_compression(rank, size):
+    out = hvd.allreduce(tf.constant(rank_values(rank), tf.float32),
+                        compression=hvd.Compression.fp16, op=hvd.Sum)
+    assert out.dtype == tf.float32
+    assert_close(out, expected_reduction(hvd.Sum, tf.float32, size), tf.float16)
+
+
+def test_many_allreduces_fused_in_one_function(rank, size):
+    @tf.function
+    def step():
+        return [hvd.allreduce(tf.fill([17], float(i + rank)), op=hvd.Sum) for i in range(100)]
+    for value in step():
+        pass
+    out = step()
+    for i, value in enumerate(out):
+        np.testing.assert_allclose(value.numpy(), np.full([17], size * i + sum(range(size))))
+
+
+def test_grouped_allreduce_mixed_dtypes(mode, rank, size):
+    def build():
+        return hvd.grouped_allreduce(
+            [tf.constant(rank_values(rank), tf.float32), tf.constant(rank_values(rank), tf.int64),
+             tf.constant(rank_values(rank, (5,)), tf.float32)], op=hvd.Sum)
+    a, b, c = run(mode, build)
+    assert_close(a, expected_reduction(hvd.Sum, tf.float32, size), tf.float32)
+    assert_close(b, expected_reduction(hvd.Sum, tf.int64, size), tf.int64)
+    assert_close(c, expected_reduction(hvd.Sum, tf.float32, size, (5,)), tf.float32)
+
+
+def test_allgather_every_dtype(mode, rank, size):
+    def build():
+        return {dt.name: hvd.allgather(tf.constant(rank_values(rank, (rank + 1, 2, 3)), dtype=dt))
+                for dt in DTYPES + [tf.bool]}
+    out = run(mode, build)
+    expected = np.concatenate([rank_values(r, (r + 1, 2, 3)) for r in range(size)])
+    for dt in DTYPES:
+        assert out[dt.name].shape == expected.shape
+        assert_close(out[dt.name], expected, dt)
+    np.testing.assert_array_equal(out["bool"], expected.astype(bool))
+
+
+def test_allgather_empty_rank(rank, size):
+    rows = 0 if rank == 0 else 2
+    out = hvd.allgather(tf.ones([rows, 3]) * rank)
+    assert out.shape == (2 * (size - 1), 3)
+
+
+def test_grouped_allgather(mode, rank, size):
+    def build():
+        return hvd.grouped_allgather([tf.fill([rank + 1], rank), tf.fill([1, 2], float(rank))])
+    a, b = run(mode, build)
+    np.testing.assert_array_equal(a, np.concatenate([[r] * (r + 1) for r in range(size)]))
+    np.testing.assert_array_equal(b, np.repeat(np.arange(size, dtype=np.float32), 2).reshape(size, 2))
+
+
+def test_broadcast_every_root_and_dtype(mode, rank, size):
+    def build():
+        return {f"{dt.name}/{root}": hvd.broadcast(tf.constant(rank_values(rank), dtype=dt), root)
+                for dt in DTYPES + [tf.bool] for root in range(size)}
+    out = run(mode, build)
+    for root in range(size):
+        for dt in DTYPES:
+            assert_close(out[f"{dt.name}/{root}"], rank_values(root), dt, f"root {root}")
+        np.testing.assert_array_equal(out[f"bool/{root}"], rank_values(root).astype(bool))
+
+
+def test_alltoall_with_splits(mode, rank, size):
+    # Rank r sends (r + j + 1) rows to rank j, each row holding 100 * r + j.
+    splits = [rank + j + 1 for j in range(size)]
+    rows = np.concatenate([np.full([s, 2], 100 * rank + j) for j, s in enumerate(splits)])
+
+    def build():
+        return {dt.name: hvd.alltoall(tf.constant(rows, dt), splits=splits)
+                for dt in (tf.int32, tf.float32, tf.float16, tf.int64)}
+    out = run(mode, build)
+    expected = np.concatenate([np.full([s + rank + 1, 2], 100 * s + rank) for s in range(size)])
+    for name, (values, received) in out.items():
+        np.testing.assert_array_equal(values, expected, err_msg=name)
+        np.testing.assert_array_equal(received, [s + rank + 1 for s in range(size)])
+
+
+def test_alltoall_even_split(mode, rank, size):
+    def build():
+        return hvd.alltoall(tf.fill([2 * size, 3], rank))
+    out = run(mode, build)
+    np.testing.assert_array_equal(out, np.repeat(np.arange(size), 2)[:, None] * np.ones([1, 3]))
+
+
+def test_reducescatter_uneven_rows(mode, rank, size):
+    rows = 2 * size + 1
+    value = rank_values(rank, (rows, 2))
+
+    def build():
+        return [hvd.reducescatter(tf.constant(value, tf.float32), op=op)
+                for op in (hvd.Sum, hvd.Average, hvd.Max)]
+    out = run(mode, build)
+    # The first (rows mod size) ranks get one extra row.
+    counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+    begin = sum(counts[:rank])
+    stack = np.stack([rank_values(r, (rows, 2)) for r in range(size)])
+    for got, full in zip(out, (stack.sum(0), stack.sum(0) / size, stack.max(0))):
+        np.testing.assert_allclose(got, full[begin:begin + counts[rank]], rtol=1e-6)
+
+
+def test_grouped_reducescatter(rank, size):
+    a, b = hvd.grouped_reducescatter([tf.ones([size, 2]) * rank, tf.ones([size])], op=hvd.Sum)
+    np.testing.assert_allclose(a.numpy(), np.full([1, 2], sum(range(size))))
+    np.testing.assert_allclose(b.numpy(), [size])
+
+
+def test_indexed_slices_allreduce(rank, size):
+    slices = tf.IndexedSlices(tf.ones([1, 2]) * (rank + 1), tf.constant([rank]),
+                              dense_shape=tf.constant([size, 2]))
+    out = hvd.allreduce(slices)
+    assert isinstance(out, tf.IndexedSlices)
+    dense = tf.convert_to_tensor(out).numpy()
+    np.testing.assert_allclose(dense, np.arange(1, size + 1)[:, None] / size * np.ones([1, 2]))
+    with pytest.raises(NotImplementedError):
+        hvd.allreduce(slices, op=hvd.Max)
+
+
+def test_barrier_and_named_collectives(rank, size):
+    hvd.barrier()
+    # Explicit names key eager collectives, so submission order may differ by rank.
+    import threading
+    results = {}
+
+    def reduce(name):
+        results[name] = hvd.allreduce(tf.constant(float(rank)), name=name, op=hvd.Sum).numpy()
+    names = ["first", "second"] if rank % 2 == 0 else ["second", "first"]
+    threads = [threading.Thread(target=reduce, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {"first": sum(range(size)), "second": sum(range(size))}
+
+
+def test_join_counts_joined_ranks_as_zeros(rank, size):
+    # Rank r runs r + 1 steps, then joins: step i sums over ranks still working.
+    for i in range(rank + 1):
+        out = hvd.allreduce(tf.ones([2]), op=hvd.Sum, name=f"join_step_{i}").numpy()
+        np.testing.assert_allclose(out, [size - i] * 2)
+    assert hvd.join() == size - 1
+    # After everyone joined, collectives work as usual.
+    assert hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy() == size
+
+
+def test_broadcast_variables_and_inplace(rank, size):
+    a = tf.Variable(tf.fill([3], float(rank)))
+    b = tf.Variable(tf.fill([2, 2], rank), dtype=tf.int32)
+    hvd.broadcast_variables([a, b], root_rank=size - 1)
+    np.testing.assert_allclose(a.numpy(), [size - 1] * 3)
+    np.testing.assert_array_equal(b.numpy(), np.full([2, 2], size - 1))
+    c = tf.Variable(tf.fill([4], float(rank) + 0.5))
+    hvd.broadcast_([c], root_rank=0)
+    np.testing.assert_allclose(c.numpy(), [0.5] * 4)
+
+
+def test_broadcast_and_allgather_objects(rank, size):
+    obj = {"rank": rank, "data": list(range(rank))} if rank == 0 else None
+    assert hvd.broadcast_object(obj, root_rank=0) == {"rank": 0, "data": []}
+    assert hvd.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
+    fn = hvd.broadcast_object_fn(root_rank=size - 1)
+    assert fn(rank * 2) == (size - 1) * 2
+
+
+def test_process_sets(rank, size):
+    evens = hvd.add_process_set(list(range(0, size, 2)))
+    last = hvd.add_process_set([size - 1])
+    try:
+        assert evens.size() == len(range(0, size, 2))
+        assert evens.included() == (rank % 2 == 0)
+        if evens.included():
+            out = hvd.allreduce(tf.constant(float(rank)), op=hvd.Sum, process_set=evens)
+            assert out.numpy() == sum(range(0, size, 2))
+            assert hvd.allgather(tf.constant([rank]), process_set=evens).numpy().tolist() == \
+                list(range(0, size, 2))
+        else:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="not a member"):
+                hvd.allreduce(tf.constant(1.0), process_set=evens)
+        if last.included():
+            assert last.rank() == 0
+            assert hvd.broadcast(tf.constant(7), 0, process_set=last).numpy() == 7
+        # The global set keeps working alongside.
+        assert hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy() == size
+    finally:
+        assert hvd.remove_process_set(evens)
+        assert hvd.remove_process_set(last)
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allreduce(tf.constant(1.0), process_set=evens)
+
+
+def test_topology(rank, size):
+    import os
+    assert rank == int(os.environ.get("PMI_RANK", 0))
+    assert size == int(os.environ.get("PMI_SIZE", 1))
+    assert hvd.local_rank() == rank and hvd.local_size() == size  # one host
+    assert hvd.cross_rank() == 0 and hvd.cross_size() == 1
+    assert hvd.is_homogeneous() and hvd.is_initialized()
+    assert hvd.mpi_built() and hvd.mpi_enabled() and not hvd.gloo_enabled()
+    values = run("graph", lambda: [hvd.rank_op(), hvd.size_op(), hvd.local_rank_op(),
+                                   hvd.local_size_op(), hvd.process_set_included_op()])
+    assert list(values) == [rank, size, rank, size, 1]

@@ -1,0 +1,123 @@
+"""Bad input: every rank gets a clear error naming the problem, and the next
+collective works. Cross-rank mismatches raise FailedPreconditionError."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfring.tensorflow as hvd
+
+multi_rank = pytest.mark.skipif("hvd.size() < 2", reason="needs ranks that can disagree")
+
+
+@pytest.fixture(autouse=True)
+def next_collective_works(size):
+    yield
+    assert hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="after_error").numpy() == size
+
+
+def expect_precondition(fn, *fragments):
+    with pytest.raises(tf.errors.FailedPreconditionError) as info:
+        fn()
+    for fragment in fragments:
+        assert fragment in info.value.message, info.value.message
+
+
+@multi_rank
+def test_shape_mismatch(rank):
+    expect_precondition(lambda: hvd.allreduce(tf.ones([rank + 2]), name="shapes"),
+                        "Mismatched ALLREDUCE tensor shapes", "'shapes'",
+                        "One rank sent a tensor of shape [2], but another rank sent a tensor "
+                        "of shape [3]", "rank 0: [2]", "rank 1: [3]")
+
+
+@multi_rank
+def test_dtype_mismatch(rank):
+    dtype = tf.float32 if rank == 0 else tf.int32
+    expect_precondition(lambda: hvd.allreduce(tf.ones([2], dtype), name="dtypes"),
+                        "Mismatched data types", "float32", "int32", "rank 0: float32")
+
+
+@multi_rank
+def test_operation_mismatch(rank):
+    @tf.function
+    def mixed():
+        x = tf.ones([2])
+        return hvd.allreduce(x, name="mixed") if rank == 0 else hvd.allgather(x, name="mixed")
+    expect_precondition(mixed, "Mismatched collective operations", "ALLREDUCE", "ALLGATHER")
+
+
+@multi_rank
+def test_reduce_op_mismatch(rank):
+    op = hvd.Sum if rank == 0 else hvd.Max
+    expect_precondition(lambda: hvd.allreduce(tf.ones([2]), op=op, name="ops"),
+                        "reduce ops", "Sum", "Max")
+
+
+@multi_rank
+def test_scale_factor_mismatch(rank):
+    expect_precondition(
+        lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum, prescale_factor=1.0 + rank, name="sc"),
+        "prescale factors")
+
+
+@multi_rank
+def test_root_rank_mismatch(rank):
+    expect_precondition(lambda: hvd.broadcast(tf.ones([2]), root_rank=rank, name="roots"),
+                        "Mismatched BROADCAST root ranks", "rank 0: 0")
+
+
+def test_root_rank_out_of_range(size):
+    expect_precondition(lambda: hvd.broadcast(tf.ones([2]), root_rank=size, name="bad_root"),
+                        f"Invalid BROADCAST root rank {size}")
+
+
+def test_alltoall_splits_do_not_add_up(rank, size):
+    splits = [1] * size
+    splits[0] += 1  # sums to size + 1, but the tensor has size rows
+    expect_precondition(lambda: hvd.alltoall(tf.ones([size, 2]), splits=splits, name="splits"),
+                        "Invalid ALLTOALL splits", "adding up to the first dimension")
+
+
+def test_alltoall_without_splits_needs_divisible_rows(size):
+    if size == 1:
+        pytest.skip("every row count divides by 1")
+    expect_precondition(lambda: hvd.alltoall(tf.ones([size + 1]), name="uneven"),
+                        "divisible by the number of ranks")
+
+
+@multi_rank
+def test_allgather_trailing_dims_mismatch(rank):
+    expect_precondition(lambda: hvd.allgather(tf.ones([2, rank + 1]), name="gather_dims"),
+                        "Mismatched ALLGATHER tensor shapes", "all dimensions but the first")
+
+
+def test_allgather_of_scalar(rank):
+    expect_precondition(lambda: hvd.allgather(tf.constant(1.0), name="scalar"),
+                        "needs at least one dimension")
+
+
+def test_unsupported_dtype_is_local_invalid_argument():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not support dtype complex64"):
+        hvd.allreduce(tf.constant([1 + 2j], tf.complex64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not support dtype string"):
+        hvd.broadcast(tf.constant(["a"]), 0)
+
+
+def test_invalid_arguments_raise_before_any_collective():
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(tf.ones([2]), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="need op=Average or op=Sum"):
+        hvd.allreduce(tf.ones([2]), op=hvd.Max, prescale_factor=2.0)
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        hvd.allreduce(tf.ones([2]), op=42)
+    with pytest.raises(ValueError, match="not both"):
+        hvd.allreduce(tf.ones([2]), op=hvd.Sum, average=True)
+
+
+def test_process_set_errors(rank, size):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="Invalid process set"):
+        hvd.add_process_set([size + 5])
+    ghost = hvd.ProcessSet([0])
+    ghost.process_set_id = 99
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no process set with id 99"):
+        hvd.allreduce(tf.ones([1]), process_set=ghost)

@@ -1,0 +1,37 @@
+"""Helpers for the rank suites: running ops in each mode, rank-dependent data."""
+import numpy as np
+import tensorflow as tf
+
+MODES = ["eager", "function", "graph"]
+
+
+def run(mode, build):
+    """Builds ops with `build()` and evaluates them eagerly, in a tf.function,
+    or in a TF1 graph with a Session; returns numpy values."""
+    if mode == "eager":
+        return tf.nest.map_structure(lambda t: t.numpy(), build())
+    if mode == "function":
+        return tf.nest.map_structure(lambda t: t.numpy(), tf.function(build)())
+    with tf.Graph().as_default():
+        out = build()
+        with tf.compat.v1.Session() as sess:
+            return sess.run(out)
+
+
+
+
+DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
+          tf.float32, tf.float64]
+
+
+def rank_values(r, shape=(3, 4)):
+    """Small positive integers that differ by rank, exact in every dtype (even
+    the product over 3 ranks fits in int8)."""
+    return 1 + (np.arange(int(np.prod(shape))).reshape(shape) + r) % 3
+
+
+def assert_close(actual, expected, dtype, what=""):
+    actual = np.asarray(actual, dtype=np.float64) if dtype != tf.bool else np.asarray(actual)
+    tol = {tf.float16: 1e-2, tf.bfloat16: 3e-2}.get(dtype, 1e-6)
+    np.testing.assert_allclose(actual, np.asarray(expected, dtype=actual.dtype), rtol=tol,
+                               atol=tol, err_msg=f"{what} {dtype.name}")

@@ -1,0 +1,316 @@
+// Unit tests of the framework-agnostic core that need neither TensorFlow nor
+// MPI: message serialization, fusion planning, the coordinator's validation
+// and ordering, and the element-wise arithmetic. Built and run by
+// tests/common/test_core_cpp.py (and by Bazel as //tf_ops:core_test).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../controller.h"
+#include "../fusion_buffer.h"
+#include "../message.h"
+#include "../reduction.h"
+
+using namespace tfring;
+
+static int g_failures = 0;
+static int g_checks = 0;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    ++g_checks;                                                            \
+    if (!(cond)) {                                                         \
+      ++g_failures;                                                        \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                      \
+  } while (0)
+
+static bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A controller with no transport: tests drive Ingest/BuildResponseList directly.
+class LocalController : public Controller {
+ public:
+  LocalController(int size, int64_t threshold = 1 << 20)
+      : Controller(0, Ranks(size), MakeConfig(threshold)) {}
+
+ protected:
+  Status GatherRequests(const std::string&, std::vector<std::string>*) override {
+    return Status::Unknown("not used");
+  }
+  Status BroadcastResponses(std::string*) override { return Status::Unknown("not used"); }
+
+ private:
+  static std::vector<int> Ranks(int n) {
+    std::vector<int> r;
+    for (int i = 0; i < n; ++i) r.push_back(i);
+    return r;
+  }
+  static Config MakeConfig(int64_t threshold) {
+    Config c;
+    c.fusion_threshold_bytes = threshold;
+    return c;
+  }
+};
+
+static Request Req(int rank, const std::string& name, CollectiveType type = CollectiveType::ALLREDUCE,
+                   DataType dtype = DataType::FLOAT32, TensorShape shape = {4}) {
+  Request r;
+  r.request_rank = rank;
+  r.name = name;
+  r.type = type;
+  r.dtype = dtype;
+  r.shape = shape;
+  return r;
+}
+
+static void Submit(LocalController& c, int rank, std::vector<Request> reqs) {
+  RequestList list;
+  list.requests = std::move(reqs);
+  c.Ingest(list, rank);
+}
+
+static void TestSerialization() {
+  RequestList in;
+  in.shutdown = true;
+  in.shutdown_reason = "bye";
+  Request a = Req(1, "grad/a", CollectiveType::ALLTOALL, DataType::BFLOAT16, {3, 5});
+  a.splits = {1, 2};
+  a.root_rank = 1;
+  a.reduce_op = ReduceOp::MAX;
+  a.prescale_factor = 0.5;
+  a.group_name = "g";
+  a.group_size = 2;
+  a.group_index = 1;
+  in.requests = {a, Req(0, "b")};
+  RequestList out;
+  CHECK(ParseRequestList(SerializeRequestList(in), &out).ok());
+  CHECK(out.shutdown && out.shutdown_reason == "bye");
+  CHECK(out.requests.size() == 2 && out.requests[0] == a && out.requests[1] == in.requests[1]);
+
+  ResponseList rin;
+  Response r;
+  r.type = ResponseType::ERROR;
+  r.tensor_names = {"x", "y"};
+  r.error_message = "bad";
+  r.tensor_sizes = {1, 2, 3};
+  r.int_result = 7;
+  r.ranks = {0, 2};
+  rin.responses = {r};
+  ResponseList rout;
+  CHECK(ParseResponseList(SerializeResponseList(rin), &rout).ok());
+  CHECK(rout.responses.size() == 1 && rout.responses[0] == r);
+
+  // Truncated or foreign bytes are an error, never a crash.
+  std::string bytes = SerializeRequestList(in);
+  for (size_t cut : {size_t(0), size_t(3), bytes.size() / 2, bytes.size() - 1}) {
+    RequestList bad;
+    CHECK(!ParseRequestList(bytes.substr(0, cut), &bad).ok());
+  }
+  ResponseList bad;
+  CHECK(!ParseResponseList(bytes, &bad).ok());
+}
+
+static void TestFusionLayout() {
+  FusionLayout l = PlanFusion({8, 4, 0, 12});
+  CHECK(l.total_bytes == 24);
+  CHECK((l.offsets == std::vector<int64_t>{0, 8, 12, 12}));
+  FusionBuffer buf;
+  void* p = buf.Get(100);
+  CHECK(p != nullptr && reinterpret_cast<uintptr_t>(p) % 64 == 0 && buf.capacity() >= 100);
+  CHECK(buf.Get(50) == p);  // no reallocation when it fits
+  CHECK(buf.Get(1000) != nullptr && buf.capacity() >= 1000);
+}
+
+static void TestReadinessAndOrder() {
+  LocalController c(3);
+  Submit(c, 0, {Req(0, "a"), Req(0, "b")});
+  Submit(c, 1, {Req(1, "b")});
+  CHECK(c.BuildResponseList().responses.empty());
+  Submit(c, 2, {Req(2, "b"), Req(2, "a")});
+  Submit(c, 1, {Req(1, "a")});
+  ResponseList out = c.BuildResponseList();
+  // Both fuse into one response, in the coordinator's arrival order.
+  CHECK(out.responses.size() == 1);
+  CHECK((out.responses[0].tensor_names == std::vector<std::string>{"a", "b"}));
+  CHECK(c.BuildResponseList().responses.empty());
+}
+
+static void TestMismatches() {
+  {
+    LocalController c(2);
+    Submit(c, 0, {Req(0, "x", CollectiveType::ALLREDUCE, DataType::FLOAT32, {2})});
+    Submit(c, 1, {Req(1, "x", CollectiveType::ALLREDUCE, DataType::FLOAT32, {3})});
+    auto out = c.BuildResponseList();
+    CHECK(out.responses.size() == 1 && out.responses[0].type == ResponseType::ERROR);
+    const std::string& m = out.responses[0].error_message;
+    CHECK(Contains(m, "Mismatched ALLREDUCE tensor shapes"));
+    CHECK(Contains(m, "One rank sent a tensor of shape [2], but another rank sent a tensor of shape [3]"));
+    CHECK(Contains(m, "rank 0: [2]; rank 1: [3]") && Contains(m, "'x'"));
+  }
+  {
+    LocalController c(3);
+    Submit(c, 0, {Req(0, "x", CollectiveType::ALLREDUCE, DataType::FLOAT32)});
+    Submit(c, 1, {Req(1, "x", CollectiveType::ALLREDUCE, DataType::INT32)});
+    Submit(c, 2, {Req(2, "x", CollectiveType::ALLREDUCE, DataType::FLOAT32)});
+    auto m = c.BuildResponseList().responses[0].error_message;
+    CHECK(Contains(m, "Mismatched data types"));
+    CHECK(Contains(m, "One rank had type float32, but another rank had type int32"));
+    CHECK(Contains(m, "ranks 0, 2: float32; rank 1: int32"));
+  }
+  {
+    LocalController c(2);
+    Submit(c, 0, {Req(0, "x", CollectiveType::ALLREDUCE)});
+    Submit(c, 1, {Req(1, "x", CollectiveType::ALLGATHER)});
+    auto m = c.BuildResponseList().responses[0].error_message;
+    CHECK(Contains(m, "Mismatched collective operations") && Contains(m, "ALLGATHER"));
+  }
+  {
+    LocalController c(2);
+    Request a = Req(0, "x", CollectiveType::BROADCAST), b = Req(1, "x", CollectiveType::BROADCAST);
+    b.root_rank = 1;
+    Submit(c, 0, {a});
+    Submit(c, 1, {b});
+    CHECK(Contains(c.BuildResponseList().responses[0].error_message, "Mismatched BROADCAST root ranks"));
+    a.root_rank = b.root_rank = 5;
+    a.name = b.name = "y";
+    Submit(c, 0, {a});
+    Submit(c, 1, {b});
+    CHECK(Contains(c.BuildResponseList().responses[0].error_message, "Invalid BROADCAST root rank 5"));
+  }
+  {
+    LocalController c(2);
+    Request a = Req(0, "x"), b = Req(1, "x");
+    b.reduce_op = ReduceOp::MAX;
+    Submit(c, 0, {a});
+    Submit(c, 1, {b});
+    CHECK(Contains(c.BuildResponseList().responses[0].error_message, "reduce ops"));
+    b = Req(1, "z");
+    a = Req(0, "z");
+    b.prescale_factor = 2;
+    Submit(c, 0, {a});
+    Submit(c, 1, {b});
+    CHECK(Contains(c.BuildResponseList().responses[0].error_message, "prescale factors"));
+  }
+  {
+    LocalController c(2);
+    Request a = Req(0, "x", CollectiveType::ALLTOALL, DataType::FLOAT32, {4, 2});
+    Request b = Req(1, "x", CollectiveType::ALLTOALL, DataType::FLOAT32, {4, 2});
+    a.splits = {1, 3};
+    b.splits = {2, 1};  // adds up to 3, not 4
+    Submit(c, 0, {a});
+    Submit(c, 1, {b});
+    auto r = c.BuildResponseList().responses[0];
+    CHECK(r.type == ResponseType::ERROR && Contains(r.error_message, "Invalid ALLTOALL splits"));
+    CHECK(Contains(r.error_message, "rank 1"));
+    b.splits = {2, 2};
+    a.name = b.name = "ok";
+    Submit(c, 0, {a});
+    Submit(c, 1, {b});
+    r = c.BuildResponseList().responses[0];
+    CHECK(r.type == ResponseType::COLLECTIVE && (r.tensor_sizes == std::vector<int64_t>{1, 3, 2, 2}));
+  }
+  {
+    LocalController c(2);
+    Submit(c, 0, {Req(0, "g", CollectiveType::ALLGATHER, DataType::FLOAT32, {2, 3})});
+    Submit(c, 1, {Req(1, "g", CollectiveType::ALLGATHER, DataType::FLOAT32, {5, 4})});
+    CHECK(Contains(c.BuildResponseList().responses[0].error_message, "Mismatched ALLGATHER tensor shapes"));
+    Submit(c, 0, {Req(0, "h", CollectiveType::ALLGATHER, DataType::FLOAT32, {2, 3})});
+    Submit(c, 1, {Req(1, "h", CollectiveType::ALLGATHER, DataType::FLOAT32, {5, 3})});
+    auto r = c.BuildResponseList().responses[0];
+    CHECK(r.type == ResponseType::COLLECTIVE && (r.tensor_sizes == std::vector<int64_t>{2, 5}));
+  }
+}
+
+static void TestJoin() {
+  LocalController c(3);
+  Submit(c, 0, {Req(0, "join", CollectiveType::JOIN)});
+  Submit(c, 1, {Req(1, "a")});
+  CHECK(c.BuildResponseList().responses.empty());  // rank 2 has not submitted "a"
+  Submit(c, 2, {Req(2, "a"), Req(2, "g", CollectiveType::ALLGATHER, DataType::FLOAT32, {1})});
+  Submit(c, 1, {Req(1, "g", CollectiveType::ALLGATHER, DataType::FLOAT32, {1})});
+  auto out = c.BuildResponseList();
+  CHECK(out.responses.size() == 2);
+  CHECK(out.responses[0].type == ResponseType::COLLECTIVE);  // allreduce goes ahead
+  CHECK(out.responses[1].type == ResponseType::ERROR &&
+        Contains(out.responses[1].error_message, "join"));
+  Submit(c, 2, {Req(2, "join", CollectiveType::JOIN)});
+  Submit(c, 1, {Req(1, "join", CollectiveType::JOIN)});
+  out = c.BuildResponseList();
+  CHECK(out.responses.size() == 1 && out.responses[0].collective == CollectiveType::JOIN);
+  CHECK(out.responses[0].int_result == 1);  // rank 1 joined last
+}
+
+static void TestGroupsAndFusion() {
+  LocalController c(2, /*threshold=*/32);
+  auto g = [](int rank, int idx) {
+    Request r = Req(rank, "g" + std::to_string(idx));
+    r.group_name = "grp";
+    r.group_size = 2;
+    r.group_index = idx;
+    return r;
+  };
+  Submit(c, 0, {g(0, 0), g(0, 1)});
+  Submit(c, 1, {g(1, 0)});
+  CHECK(c.BuildResponseList().responses.empty());  // a group waits for all members
+  Submit(c, 1, {g(1, 1)});
+  auto out = c.BuildResponseList();
+  CHECK(out.responses.size() == 1 && out.responses[0].tensor_names.size() == 2);
+
+  std::vector<Response> rs;
+  for (int i = 0; i < 5; ++i) {
+    Response r;
+    r.tensor_names = {"t" + std::to_string(i)};
+    r.dtype = i == 2 ? DataType::FLOAT64 : DataType::FLOAT32;
+    r.tensor_sizes = {4};  // 16 bytes as float32
+    rs.push_back(r);
+  }
+  auto fused = Controller::Fuse(rs, 32);
+  // t0+t1 fill the 32-byte threshold; t2 is float64; t3+t4 fuse.
+  CHECK(fused.size() == 3);
+  CHECK((fused[0].tensor_names == std::vector<std::string>{"t0", "t1"}));
+  CHECK((fused[1].tensor_names == std::vector<std::string>{"t2"}));
+  CHECK((fused[2].tensor_names == std::vector<std::string>{"t3", "t4"}));
+}
+
+static void TestArithmetic() {
+  for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333f}) {
+    float back = HalfToFloat(FloatToHalf(f));
+    CHECK(std::fabs(back - f) <= std::fabs(f) * 1e-3f + 1e-7f);
+  }
+  CHECK(std::isinf(HalfToFloat(FloatToHalf(1e6f))));
+  for (float f : {0.0f, 1.0f, -3.0f, 1e30f, 0.1f}) {
+    CHECK(std::fabs(BFloat16ToFloat(FloatToBFloat16(f)) - f) <= std::fabs(f) * 8e-3f);
+  }
+  int32_t a[3] = {1, 5, -2}, b[3] = {4, 2, 3};
+  CHECK(ReduceInto(a, b, 3, DataType::INT32, ReduceOp::MAX).ok());
+  CHECK(a[0] == 4 && a[1] == 5 && a[2] == 3);
+  uint16_t h[2] = {FloatToHalf(1.5f), FloatToHalf(2.0f)}, h2[2] = {FloatToHalf(0.5f), FloatToHalf(3.0f)};
+  CHECK(ReduceInto(h, h2, 2, DataType::FLOAT16, ReduceOp::SUM).ok());
+  CHECK(HalfToFloat(h[0]) == 2.0f && HalfToFloat(h[1]) == 5.0f);
+  uint8_t t[2] = {1, 0}, u[2] = {0, 0};
+  CHECK(ReduceInto(t, u, 2, DataType::BOOL, ReduceOp::SUM).ok() && t[0] == 1 && t[1] == 0);
+  int32_t avg[3] = {6, 7, -7};
+  CHECK(FinishReduction(avg, 3, DataType::INT32, ReduceOp::AVERAGE, 1.0, 3).ok());
+  CHECK(avg[0] == 2 && avg[1] == 2 && avg[2] == -2);
+  float fa[2] = {3.0f, 6.0f};
+  CHECK(FinishReduction(fa, 2, DataType::FLOAT32, ReduceOp::AVERAGE, 2.0, 3).ok());
+  CHECK(std::fabs(fa[0] - 2.0f) < 1e-6f && std::fabs(fa[1] - 4.0f) < 1e-6f);
+  CHECK(!ReduceInto(a, b, 3, DataType::INT32, ReduceOp::AVERAGE).ok());
+}
+
+int main() {
+  TestSerialization();
+  TestFusionLayout();
+  TestReadinessAndOrder();
+  TestMismatches();
+  TestJoin();
+  TestGroupsAndFusion();
+  TestArithmetic();
+  std::printf("%d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

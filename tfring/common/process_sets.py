@@ -1,0 +1,106 @@
+"""Process sets: subsets of ranks that run their own collectives.
+
+Adding or removing a set is collective: every rank of the job must make the
+same call in the same order, members or not, so that all of them agree on
+the new set's id.
+"""
+from tfring.common import basics
+
+
+class ProcessSet:
+    """A group of ranks with its own collectives.
+
+    Args:
+        ranks_or_comm: the job-wide ranks in the set (any order), or an mpi4py
+            communicator whose members form the set.
+
+    Example:
+        >>> evens = hvd.add_process_set([0, 2])
+        >>> if evens.included():
+        ...     hvd.allreduce(x, process_set=evens)
+    """
+
+    def __init__(self, ranks_or_comm):
+        if hasattr(ranks_or_comm, "Get_group"):
+            from mpi4py import MPI
+            group = ranks_or_comm.Get_group()
+            world = MPI.COMM_WORLD.Get_group()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+        else:
+            ranks = ranks_or_comm
+        self.ranks = sorted(int(r) for r in ranks)
+        self.process_set_id = None
+
+    def _info(self):
+        if self.process_set_id is None:
+            raise ValueError(
+                f"{self!r} has not been registered; call hvd.add_process_set() on every rank "
+                "first (or pass it to hvd.init(process_sets=[...])).")
+        code, message, rank, ranks = basics._core().process_set_info(self.process_set_id)
+        basics.raise_for_status(code, message)
+        return rank, ranks
+
+    def size(self):
+        """Number of ranks in the set."""
+        return len(self._info()[1])
+
+    def rank(self):
+        """This process's rank within the set, or -1 if it is not a member."""
+        return self._info()[0]
+
+    def included(self):
+        """True if this process is a member of the set."""
+        return self.rank() >= 0
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+class _GlobalProcessSet(ProcessSet):
+    """Every rank of the job (id 0); always registered."""
+
+    def __init__(self):
+        super().__init__([])
+        self.process_set_id = 0
+
+    def _info(self):
+        rank, ranks = super()._info()
+        self.ranks = list(ranks)
+        return rank, ranks
+
+
+global_process_set = _GlobalProcessSet()
+
+
+def add_process_set(process_set):
+    """Registers a process set on every rank (collective over the whole job).
+
+    Args:
+        process_set: a ProcessSet, a list of ranks, or an mpi4py communicator.
+
+    Returns:
+        The registered ProcessSet, with its process_set_id set.
+
+    Raises:
+        tf.errors.FailedPreconditionError: ranks disagree on the set, or a rank
+            is out of range.
+    """
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set!r} is already registered.")
+    code, message, new_id = basics._core().add_process_set(list(process_set.ranks))
+    basics.raise_for_status(code, message)
+    process_set.process_set_id = new_id
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Removes a registered set on every rank (collective). Returns True if it was removed."""
+    if process_set.process_set_id in (None, 0):
+        return False
+    code, message = basics._core().remove_process_set(process_set.process_set_id)
+    if code != 0:
+        return False
+    process_set.process_set_id = None
+    return True

@@ -1,0 +1,162 @@
+"""Helpers built on the collectives: broadcasting variables and Python objects."""
+import cloudpickle
+import numpy as np
+import tensorflow as tf
+
+from tfring.common import basics
+from tfring.common.process_sets import global_process_set
+from tfring.tensorflow import mpi_ops
+
+_broadcast_fns = {}
+
+
+def _broadcast_group_fn(root_rank, process_set):
+    """One tf.function per (root, set): its broadcasts are negotiated together
+    in one cycle instead of one round trip per variable."""
+    key = (root_rank, process_set.process_set_id)
+    if key not in _broadcast_fns:
+        @tf.function
+        def fn(variables):
+            for i, var in enumerate(variables):
+                var.assign(mpi_ops.broadcast(var, root_rank, name=f"tfring_broadcast_variable_{i}",
+                                             process_set=process_set))
+        _broadcast_fns[key] = fn
+    return _broadcast_fns[key]
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Sets every variable to the root rank's value.
+
+    Args:
+        variables: tf.Variables (the same list, in the same order, on every rank).
+        root_rank: the rank whose values win.
+        process_set: the ranks taking part.
+        inplace: write into the variables' buffers directly instead of assigning.
+
+    Returns:
+        In graph mode, the op that does it; in eager mode, None.
+
+    Raises:
+        tf.errors.FailedPreconditionError: ranks' variables disagree in shape or dtype.
+
+    Example:
+        >>> hvd.broadcast_variables(model.variables, root_rank=0)
+    """
+    variables = list(variables)
+    if not variables:
+        return None
+    if inplace:
+        mpi_ops.broadcast_(variables, root_rank, process_set=process_set)
+        return None
+    if tf.executing_eagerly():
+        _broadcast_group_fn(root_rank, process_set)(variables)
+        return None
+    return tf.group(*[var.assign(mpi_ops.broadcast(var, root_rank, process_set=process_set))
+                      for var in variables])
+
+
+def broadcast_global_variables(root_rank):
+    """TF1 graph mode: the op that broadcasts all global variables from `root_rank`.
+
+    Raises:
+        RuntimeError: in eager mode, where there are no global variables.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "broadcast_global_variables() works in TF1 graph mode only; in TF2 call "
+            "hvd.broadcast_variables(model.variables, root_rank=0) instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """SessionRunHook that broadcasts all global variables from `root_rank`
+    once the session is created (also after restoring from a checkpoint), so
+    every rank starts from the same state.
+
+    Args:
+        root_rank: the rank whose values win.
+        device: accepted for Horovod compatibility.
+
+    Example:
+        >>> hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+        >>> with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess: ...
+    """
+
+    def __init__(self, root_rank, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.bcast_op = None
+
+    def begin(self):
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
+
+
+def _run(tensor, session):
+    if session is not None:
+        return session.run(tensor)
+    if tf.executing_eagerly():
+        return tensor.numpy()
+    raise RuntimeError("In graph mode, pass session= to run the collective.")
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Sends a picklable Python object from `root_rank` to every rank.
+
+    Args:
+        obj: any cloudpickle-able object (only the root's matters).
+        root_rank: the sending rank.
+        session: a tf.compat.v1.Session in TF1 graph mode.
+        name: a name for the collectives.
+
+    Returns:
+        The root's object, on every rank.
+
+    Example:
+        >>> config = hvd.broadcast_object(config if hvd.rank() == 0 else None)
+    """
+    basics._require_init()
+    name = name or "broadcast_object"
+    if process_set.rank() == root_rank:
+        payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+    else:
+        payload = np.zeros([0], dtype=np.uint8)
+    length = mpi_ops.broadcast(tf.constant([payload.size], tf.int64), root_rank,
+                               name=f"{name}_size", process_set=process_set)
+    length = int(_run(length, session)[0])
+    if process_set.rank() != root_rank:
+        payload = np.zeros([length], dtype=np.uint8)
+    data = mpi_ops.broadcast(tf.constant(payload), root_rank, name=f"{name}_data",
+                             process_set=process_set)
+    return cloudpickle.loads(_run(data, session).tobytes())
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Returns a function that broadcasts its argument like broadcast_object()."""
+    return lambda obj: broadcast_object(obj, root_rank, session, name, process_set)
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Gathers a picklable Python object from every rank.
+
+    Returns:
+        A list with one object per rank, in rank order.
+
+    Example:
+        >>> counts = hvd.allgather_object(len(my_shard))
+    """
+    basics._require_init()
+    name = name or "allgather_object"
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+    sizes = mpi_ops.allgather(tf.constant([payload.size], tf.int64), name=f"{name}_sizes",
+                              process_set=process_set)
+    sizes = _run(sizes, session)
+    data = _run(mpi_ops.allgather(tf.constant(payload), name=f"{name}_data",
+                                  process_set=process_set), session)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return [cloudpickle.loads(data[offsets[i]:offsets[i + 1]].tobytes())
+            for i in range(len(sizes))]

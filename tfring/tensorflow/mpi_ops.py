@@ -1,0 +1,534 @@
+"""TensorFlow wrappers of tfring's collective ops, and their gradients.
+
+Each collective is keyed by name: every rank must submit a tensor of the same
+name for it to run. Names default to the TF op name, which is what a graph
+built the same way on every rank gives; in eager mode ops run one at a time,
+so the default name is enough there too.
+"""
+import re
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+
+from tfring.common import basics, loader
+from tfring.common.process_sets import global_process_set
+
+# Reduce ops: the same numbering as Horovod (and as the reduce_op attribute).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+             Product: "Product"}
+
+SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+                    tf.bfloat16, tf.float32, tf.float64, tf.bool)
+
+
+def _ops():
+    return loader.load()[0]
+
+
+def _normalize_name(name):
+    """Turns a tensor name into a valid op name."""
+    return re.sub("[^a-zA-Z0-9_]", "_", name)
+
+
+def _default_name(prefix, tensor, name):
+    if name is None and not tf.executing_eagerly():
+        return f"{prefix}_{_normalize_name(tensor.name)}"
+    return name
+
+
+def _key(name):
+    """The tensor_name attribute: eager execution drops op names, so an
+    explicit name is passed to the kernel this way. Graphs key by node name."""
+    return name if name is not None and tf.executing_eagerly() else ""
+
+
+def _check_dtype(tensor, what):
+    if tensor.dtype.base_dtype not in SUPPORTED_DTYPES:
+        supported = ", ".join(d.name for d in SUPPORTED_DTYPES)
+        raise tf.errors.InvalidArgumentError(
+            None, None,
+            f"tfring {what} does not support dtype {tensor.dtype.name}; supported: {supported}.")
+
+
+def _process_set_id(process_set):
+    if process_set.process_set_id is None:
+        raise ValueError(f"{process_set!r} is not registered; call hvd.add_process_set() first.")
+    return process_set.process_set_id
+
+
+def _check_reduce_op(op, prescale_factor, postscale_factor, what):
+    if op == Adasum:
+        raise NotImplementedError("tfring does not implement Adasum yet; use op=Average or op=Sum.")
+    if op not in _OP_NAMES:
+        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, Sum, Min, Max or "
+                         "Product.")
+    if (prescale_factor != 1.0 or postscale_factor != 1.0) and op not in (Average, Sum):
+        raise ValueError(f"{what}: prescale/postscale factors need op=Average or op=Sum, "
+                         f"not {_OP_NAMES[op]}.")
+
+
+def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+               ignore_name_scope=False, process_set=global_process_set):
+    """Raw allreduce of one dense tensor; averaging and scaling happen in the core."""
+    basics._require_init()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, "allreduce")
+    _check_reduce_op(op, prescale_factor, postscale_factor, "allreduce")
+    return _ops().horovod_allreduce(
+        tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
+        tensor_name=_key(name), name=_default_name("HorovodAllreduce", tensor, name))
+
+
+def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+                       ignore_name_scope=False, process_set=global_process_set):
+    """Allreduces a list of dense tensors as one request per dtype."""
+    basics._require_init()
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_allreduce")
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        _check_dtype(t, "grouped_allreduce")
+        by_dtype.setdefault(t.dtype, []).append(i)
+    results = [None] * len(tensors)
+    for k, (dtype, idx) in enumerate(sorted(by_dtype.items(), key=lambda kv: kv[0].name)):
+        group_name = name
+        if group_name is None and not tf.executing_eagerly():
+            group_name = "HorovodGroupedAllreduce_" + _normalize_name(tensors[idx[0]].name)
+        elif group_name is not None and len(by_dtype) > 1:
+            group_name = f"{group_name}_{dtype.name}"
+        outs = _ops().horovod_grouped_allreduce(
+            [tensors[i] for i in idx], reduce_op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+            process_set_id=_process_set_id(process_set), tensor_name=_key(group_name), name=group_name)
+        for i, o in zip(idx, outs):
+            results[i] = o
+    return results
+
+
+def _resolve_op(op, average, default=Average):
+    if average is not None:
+        if op is not None:
+            raise ValueError("allreduce: pass either op or the deprecated average, not both.")
+        return Average if average else Sum
+    return default if op is None else op
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None,
+              process_set=global_process_set, ignore_name_scope=False):
+    """Reduces a tensor over all ranks of a process set.
+
+    Args:
+        tensor: a tf.Tensor, tf.Variable or tf.IndexedSlices.
+        average: deprecated; use op.
+        device_dense, device_sparse: accepted for Horovod compatibility.
+        compression: Compression.none (default) or Compression.fp16.
+        op: hvd.Average (default), Sum, Min, Max or Product. IndexedSlices
+            support Average and Sum only.
+        prescale_factor, postscale_factor: multiply before / after the sum.
+        name: the collective's name; the same on every rank.
+        process_set: the ranks taking part (default: all).
+        ignore_name_scope: key the collective by the name without its scope.
+
+    Returns:
+        A tensor of the same shape and dtype (an IndexedSlices for one).
+
+    Raises:
+        tf.errors.FailedPreconditionError: ranks disagree on shape, dtype or op.
+        tf.errors.InvalidArgumentError: unsupported dtype.
+        NotImplementedError: Adasum, or scale factors with IndexedSlices.
+
+    Example:
+        >>> avg = hvd.allreduce(tf.constant([1.0, 2.0]) * (hvd.rank() + 1))
+    """
+    from tfring.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    op = _resolve_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        if op not in (Average, Sum):
+            raise NotImplementedError("allreduce of IndexedSlices supports op=Average or Sum only.")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("allreduce of IndexedSlices does not support scale factors.")
+        with tf.name_scope(name or "HorovodAllreduce"):
+            values = allgather(tensor.values, process_set=process_set,
+                               ignore_name_scope=ignore_name_scope)
+            indices = allgather(tensor.indices, process_set=process_set,
+                                ignore_name_scope=ignore_name_scope)
+        if op == Average:
+            values = values / tf.cast(process_set.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    reduced = _allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                         process_set=process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=None,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
+                      process_set=global_process_set, ignore_name_scope=False):
+    """Reduces a list of tensors in one request; same arguments as allreduce().
+
+    Returns:
+        A list of reduced tensors in the input order.
+
+    Example:
+        >>> a, b = hvd.grouped_allreduce([tf.ones([2]), tf.zeros([3])], op=hvd.Sum)
+    """
+    from tfring.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    op = _resolve_op(op, average)
+    tensors = list(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i in range(len(tensors)) if i not in sparse]
+    results = [None] * len(tensors)
+    for i in sparse:
+        results[i] = allreduce(tensors[i], op=op, process_set=process_set,
+                               ignore_name_scope=ignore_name_scope)
+    compressed = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
+    reduced = _grouped_allreduce([c[0] for c in compressed], name=name, op=op,
+                                 prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor,
+                                 ignore_name_scope=ignore_name_scope, process_set=process_set)
+    for i, r, (_, ctx) in zip(dense, reduced, compressed):
+        results[i] = compression.decompress(r, ctx)
+    return results
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenates a tensor from every rank along the first dimension.
+
+    The first dimension may differ between ranks; the others must agree.
+
+    Args:
+        tensor: a tensor with at least one dimension.
+        name, ignore_name_scope, process_set: as for allreduce().
+
+    Returns:
+        A tensor whose first dimension is the sum over ranks.
+
+    Raises:
+        tf.errors.FailedPreconditionError: ranks disagree on dtype or trailing dims.
+
+    Example:
+        >>> rows = hvd.allgather(tf.fill([hvd.rank() + 1, 2], hvd.rank()))
+    """
+    basics._require_init()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, "allgather")
+    return _ops().horovod_allgather(tensor, ignore_name_scope=ignore_name_scope,
+                                    process_set_id=_process_set_id(process_set),
+                                    tensor_name=_key(name), name=_default_name("HorovodAllgather", tensor, name))
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Allgathers a list of tensors (one request per dtype). Returns a list."""
+    basics._require_init()
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    results = [None] * len(tensors)
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        _check_dtype(t, "grouped_allgather")
+        by_dtype.setdefault(t.dtype, []).append(i)
+    for dtype, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
+        group_name = name if name is None or len(by_dtype) == 1 else f"{name}_{dtype.name}"
+        if group_name is None and not tf.executing_eagerly():
+            group_name = "HorovodGroupedAllgather_" + _normalize_name(tensors[idx[0]].name)
+        outs = _ops().horovod_grouped_allgather(
+            [tensors[i] for i in idx], ignore_name_scope=ignore_name_scope,
+            process_set_id=_process_set_id(process_set), tensor_name=_key(group_name), name=group_name)
+        for i, o in zip(idx, outs):
+            results[i] = o
+    return results
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """Returns the root rank's value of `tensor` on every rank.
+
+    Args:
+        tensor: the tensor; only the root's value matters, but every rank's
+            must have the same shape and dtype.
+        root_rank: the rank (within the process set) whose value is sent.
+
+    Raises:
+        tf.errors.FailedPreconditionError: ranks disagree on root, shape or
+            dtype, or the root is out of range.
+
+    Example:
+        >>> w = hvd.broadcast(tf.random.normal([3]), root_rank=0)
+    """
+    basics._require_init()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, "broadcast")
+    return _ops().horovod_broadcast(tensor, root_rank=root_rank,
+                                    ignore_name_scope=ignore_name_scope,
+                                    process_set_id=_process_set_id(process_set),
+                                    tensor_name=_key(name), name=_default_name("HorovodBroadcast", tensor, name))
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
+               ignore_name_scope=False):
+    """Overwrites resource variables in place with the root rank's values.
+
+    Returns:
+        The variables.
+
+    Example:
+        >>> hvd.broadcast_(model.variables, root_rank=0)
+    """
+    basics._require_init()
+    variables = list(variables)
+    for i, var in enumerate(variables):
+        _check_dtype(var, "broadcast_")
+        op_name = name
+        if op_name is None:
+            op_name = f"HorovodBroadcastInplace_{i}" if tf.executing_eagerly() else \
+                "HorovodBroadcastInplace_" + _normalize_name(var.name)
+        elif len(variables) > 1:
+            op_name = f"{name}_{i}"
+        _ops().horovod_broadcast_inplace_resource(
+            var.handle, T=var.dtype.base_dtype, root_rank=root_rank,
+            ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
+            tensor_name=_key(op_name), name=op_name)
+    return variables
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Sends rows of `tensor` to every rank and receives theirs.
+
+    Args:
+        tensor: rows are sent in order: the first splits[0] to rank 0, ...
+        splits: rows for each rank (int32, one per rank). None splits evenly,
+            which needs a first dimension divisible by the number of ranks.
+
+    Returns:
+        Without splits, the received tensor. With splits, a tuple
+        (received tensor, received_splits).
+
+    Raises:
+        tf.errors.FailedPreconditionError: splits do not add up, or ranks
+            disagree on dtype or trailing dims.
+
+    Example:
+        >>> out, received = hvd.alltoall(tf.range(4), splits=[1, 3])
+    """
+    basics._require_init()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, "alltoall")
+    splits_t = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
+    out, received = _ops().horovod_alltoall(
+        tensor, splits_t, ignore_name_scope=ignore_name_scope,
+        process_set_id=_process_set_id(process_set),
+        tensor_name=_key(name), name=_default_name("HorovodAlltoall", tensor, name))
+    return out if splits is None else (out, received)
+
+
+def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces over ranks and leaves each rank its block of rows.
+
+    With R rows and N ranks, the first R mod N ranks get one extra row.
+
+    Args:
+        op: hvd.Average (default), Sum, Min, Max or Product.
+
+    Returns:
+        This rank's rows of the reduced tensor.
+
+    Example:
+        >>> part = hvd.reducescatter(tf.ones([4, 2]), op=hvd.Sum)
+    """
+    from tfring.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    basics._require_init()
+    _check_reduce_op(op, prescale_factor, postscale_factor, "reducescatter")
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    _check_dtype(compressed, "reducescatter")
+    out = _ops().horovod_reducescatter(
+        compressed, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+        process_set_id=_process_set_id(process_set),
+        tensor_name=_key(name), name=_default_name("HorovodReducescatter", tensor, name))
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
+                          process_set=global_process_set, ignore_name_scope=False,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """Reducescatters a list of tensors as one request per dtype. Returns a list."""
+    basics._require_init()
+    _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_reducescatter")
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    results = [None] * len(tensors)
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        _check_dtype(t, "grouped_reducescatter")
+        by_dtype.setdefault(t.dtype, []).append(i)
+    for dtype, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
+        group_name = name if name is None or len(by_dtype) == 1 else f"{name}_{dtype.name}"
+        if group_name is None and not tf.executing_eagerly():
+            group_name = "HorovodGroupedReducescatter_" + _normalize_name(tensors[idx[0]].name)
+        outs = _ops().horovod_grouped_reducescatter(
+            [tensors[i] for i in idx], reduce_op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+            process_set_id=_process_set_id(process_set), tensor_name=_key(group_name), name=group_name)
+        for i, o in zip(idx, outs):
+            results[i] = o
+    return results
+
+
+def join(process_set=global_process_set):
+    """Waits until every rank has called join(); meanwhile other ranks'
+    allreduces count this rank as zeros.
+
+    Returns:
+        The last rank that joined (an int in eager mode, else a tensor).
+
+    Example:
+        >>> for batch in my_uneven_share_of_data: train_step(batch)
+        >>> hvd.join()
+    """
+    basics._require_init()
+    out = _ops().horovod_join(process_set_id=_process_set_id(process_set))
+    return int(out.numpy()) if tf.executing_eagerly() else out
+
+
+def barrier(process_set=global_process_set, name=None):
+    """Blocks until every rank of the process set reaches the barrier.
+
+    Example:
+        >>> hvd.barrier()
+    """
+    basics._require_init()
+    return _ops().horovod_barrier(process_set_id=_process_set_id(process_set), tensor_name=_key(name), name=name)
+
+
+def size_op(process_set_id=0, name=None):
+    """Graph op returning the number of ranks in the process set."""
+    return _ops().horovod_size(process_set_id=process_set_id, name=name)
+
+
+def rank_op(process_set_id=0, name=None):
+    """Graph op returning this process's rank in the process set."""
+    return _ops().horovod_rank(process_set_id=process_set_id, name=name)
+
+
+def local_size_op(name=None):
+    """Graph op returning the number of ranks on this host."""
+    return _ops().horovod_local_size(name=name)
+
+
+def local_rank_op(name=None):
+    """Graph op returning this process's rank on its host."""
+    return _ops().horovod_local_rank(name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """Graph op returning 1 if this process is in the process set, else 0."""
+    return _ops().horovod_process_set_included(process_set_id=process_set_id, name=name)
+
+
+# --- Gradients -----------------------------------------------------------------
+# Horovod's conventions (kept so that existing models train the same way):
+# allreduce's gradient follows its op; allgather and broadcast use the mean
+# of the upstream gradients over ranks.
+
+def _set_from_op(op):
+    from tfring.common.process_sets import ProcessSet
+    ps_id = op.get_attr("process_set_id")
+    if ps_id == 0:
+        return global_process_set
+    ps = ProcessSet([])
+    ps.process_set_id = ps_id
+    return ps
+
+
+def _reduction_attrs(op):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op not in (Average, Sum):
+        raise NotImplementedError(
+            f"tfring: the gradient of a {_OP_NAMES.get(reduce_op, reduce_op)} reduction is not "
+            "defined; only Average and Sum are differentiable.")
+    return reduce_op, op.get_attr("prescale_factor"), op.get_attr("postscale_factor")
+
+
+@tf_ops.RegisterGradient("HorovodAllreduce")
+def _allreduce_grad(op, grad):
+    reduce_op, pre, post = _reduction_attrs(op)
+    return _allreduce(grad, op=reduce_op, prescale_factor=pre, postscale_factor=post,
+                      process_set=_set_from_op(op))
+
+
+@tf_ops.RegisterGradient("HorovodGroupedAllreduce")
+def _grouped_allreduce_grad(op, *grads):
+    reduce_op, pre, post = _reduction_attrs(op)
+    return _grouped_allreduce(list(grads), op=reduce_op, prescale_factor=pre,
+                              postscale_factor=post, process_set=_set_from_op(op))
+
+
+def _own_rows(op, reduced, x):
+    """This rank's rows of an allgathered gradient."""
+    ps = _set_from_op(op)
+    rows = tf.shape(x, out_type=tf.int64)[:1]
+    all_rows = allgather(rows, process_set=ps)
+    offsets = tf.cumsum(all_rows, exclusive=True)
+    me = ps.rank()
+    begin = tf.concat([offsets[me:me + 1], tf.zeros([tf.rank(x) - 1], tf.int64)], axis=0)
+    size = tf.concat([rows, tf.shape(x, out_type=tf.int64)[1:]], axis=0)
+    return tf.slice(reduced, begin, size)
+
+
+@tf_ops.RegisterGradient("HorovodAllgather")
+def _allgather_grad(op, grad):
+    reduced = _allreduce(grad, op=Average, process_set=_set_from_op(op))
+    return _own_rows(op, reduced, op.inputs[0])
+
+
+@tf_ops.RegisterGradient("HorovodGroupedAllgather")
+def _grouped_allgather_grad(op, *grads):
+    reduced = _grouped_allreduce(list(grads), op=Average, process_set=_set_from_op(op))
+    return [_own_rows(op, r, x) for r, x in zip(reduced, op.inputs)]
+
+
+@tf_ops.RegisterGradient("HorovodBroadcast")
+def _broadcast_grad(op, grad):
+    ps = _set_from_op(op)
+    reduced = _allreduce(grad, op=Average, process_set=ps)
+    return reduced if ps.rank() == op.get_attr("root_rank") else tf.zeros_like(reduced)
+
+
+@tf_ops.RegisterGradient("HorovodAlltoall")
+def _alltoall_grad(op, grad, _):
+    back, _ = alltoall(grad, splits=op.outputs[1], process_set=_set_from_op(op))
+    return [back, None]
+
+
+def _reducescatter_input_grad(op, grad, gathered):
+    reduce_op, pre, post = _reduction_attrs(op)
+    scale = pre * post / (_set_from_op(op).size() if reduce_op == Average else 1)
+    return gathered if scale == 1.0 else gathered * tf.cast(scale, gathered.dtype)
+
+
+@tf_ops.RegisterGradient("HorovodReducescatter")
+def _reducescatter_grad(op, grad):
+    return _reducescatter_input_grad(op, grad, allgather(grad, process_set=_set_from_op(op)))
+
+
+@tf_ops.RegisterGradient("HorovodGroupedReducescatter")
+def _grouped_reducescatter_grad(op, *grads):
+    gathered = grouped_allgather(list(grads), process_set=_set_from_op(op))
+    return [_reducescatter_input_grad(op, g, x) for g, x in zip(grads, gathered)]
