@@ -1,0 +1,317 @@
+"""Runs one rank's command for tfringrun and reports how it ended.
+
+tfringrun starts every rank as::
+
+    python .../tfring/runner/rank_wrapper.py --launcher HOST:PORT --token T \\
+        [--prefix] [--output-dir DIR] [--grace S] -- command args...
+
+under ``mpiexec``. The wrapper is needed because hydra (MPICH's mpiexec)
+neither tells its caller which rank failed nor ends the job when a rank that
+never called MPI_Init exits non-zero: the other ranks run on. The wrapper
+
+* connects back to tfringrun over TCP and says ``hello`` (so tfringrun knows
+  the rank started, and its pid and host),
+* runs the command as a child in the wrapper's own process group (hydra
+  setsid()s each rank, so whatever it sends to that group reaches the
+  command too), with hydra's PMI file descriptors inherited so MPI_Init
+  works in the child, and with a parent-death signal so that even a
+  SIGKILLed wrapper takes its command with it,
+* passes the child's output on in whole lines, so that ranks' lines never
+  cut into each other, optionally prefixed with ``[rank]<stdout>:`` (Horovod's
+  format), and copies it raw to ``DIR/rank.N/stdout`` and ``stderr``,
+* forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to the child,
+* ends the child (SIGTERM, then SIGKILL after ``--grace`` seconds) when
+  tfringrun sends ``stop`` or when the connection drops, which is how a
+  killed tfringrun still leaves no stray ranks behind,
+* sends ``exit RANK CODE`` (CODE < 0 means killed by signal -CODE) and exits
+  with the child's code (128+N for signal N).
+
+This file is run by path and imports only the standard library, so the ranks
+start fast and do not depend on how ``tfring`` is installed on each host. The
+wire format is defined here and parsed by :mod:`tfring.runner.supervisor`.
+"""
+import argparse
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+# Wire format, one ASCII line per message.
+HELLO = "hello"   # wrapper -> launcher: hello TOKEN RANK PID HOST
+EXIT = "exit"     # wrapper -> launcher: exit RANK CODE   (CODE < 0: killed by signal -CODE)
+STOP = "stop"     # launcher -> wrapper: end the command now
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                     signal.SIGUSR1, signal.SIGUSR2)
+# A line longer than this without a newline is written out anyway, so one
+# rank cannot make the wrapper buffer without bound.
+_MAX_LINE = 1 << 16
+# Seconds a partial line waits for its newline before it is written anyway.
+_IDLE_FLUSH = 0.5
+_PR_SET_PDEATHSIG = 1
+
+
+def rank_from_env(env=os.environ):
+    """This process's rank as the MPI launcher exported it, or None."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return None
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(prog="rank_wrapper", allow_abbrev=False)
+    parser.add_argument("--launcher", help="HOST:PORT of tfringrun's status listener")
+    parser.add_argument("--token", default="", help="job token to present in hello")
+    parser.add_argument("--prefix", action="store_true", help="prefix output lines with the rank")
+    parser.add_argument("--output-dir", help="also write output to DIR/rank.N/{stdout,stderr}")
+    parser.add_argument("--grace", type=float, default=3.0,
+                        help="seconds between SIGTERM and SIGKILL when stopping")
+    parser.add_argument("--connect-timeout", type=float, default=30.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no command given")
+    return args
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+class _Pump(threading.Thread):
+    """Copies one of the child's output pipes to our own fd, whole lines at a time.
+
+    hydra merges all ranks' output chunk by chunk, and an unbuffered Python
+    writes the pieces of one print() separately, so passing bytes straight
+    through lets ranks' lines cut into each other. Writing whole lines (each
+    with the rank prefix, if any) keeps them intact. A partial line (a
+    prompt, a progress bar) is written out after ``_IDLE_FLUSH`` seconds
+    without more output, and its rest then follows without a second prefix.
+    """
+
+    def __init__(self, src, dst_fd, prefix, log_path):
+        super().__init__(daemon=True)
+        self.src, self.dst_fd, self.prefix = src, dst_fd, prefix
+        self.log = open(log_path, "wb", buffering=0) if log_path else None
+        self.dst_ok = True
+        self.mid_line = False  # a partial line has been written without its newline
+
+    def _emit(self, data):
+        if self.dst_ok and data:
+            try:
+                _write_all(self.dst_fd, data)
+            except OSError:
+                # Our reader (hydra) is gone; keep draining so the child never blocks.
+                self.dst_ok = False
+
+    def _lines(self, lines):
+        """Prefixed bytes for complete lines, continuing a partial one if open."""
+        head = b"" if self.mid_line else self.prefix
+        self.mid_line = False
+        return head + (b"\n" + self.prefix).join(lines) + b"\n"
+
+    def _partial(self, data):
+        head = b"" if self.mid_line else self.prefix
+        self.mid_line = True
+        return head + data
+
+    def run(self):
+        pending = b""
+        fd = self.src.fileno()
+        while True:
+            ready, _, _ = select.select([fd], [], [], _IDLE_FLUSH if pending else None)
+            if not ready:
+                self._emit(self._partial(pending))
+                pending = b""
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            if self.log:
+                self.log.write(data)
+            *lines, pending = (pending + data).split(b"\n")
+            out = self._lines(lines) if lines else b""
+            if len(pending) > _MAX_LINE:
+                out += self._partial(pending)
+                pending = b""
+            self._emit(out)
+        if pending or self.mid_line:
+            self._emit(self._lines([pending]))
+        if self.log:
+            self.log.close()
+
+
+def _die_with_parent():
+    """Runs in the child before exec: SIGKILL it if the wrapper itself dies.
+
+    Covers the one case the wrapper cannot handle itself, being SIGKILLed.
+    """
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the wrapper died before prctl took effect
+        os._exit(1)
+
+
+class RankWrapper:
+    def __init__(self, args, rank):
+        self.args, self.rank = args, rank
+        self.child = None
+        self.sock = None
+        # Re-entrant: the signal handler runs on the main thread, possibly while
+        # that thread already holds the lock in start_child().
+        self.lock = threading.RLock()
+        self.stop_requested = False
+        self.pending_signals = []
+
+    # -- launcher connection -------------------------------------------------
+    def connect(self):
+        host, _, port = self.args.launcher.rpartition(":")
+        deadline = time.monotonic() + self.args.connect_timeout
+        while True:
+            try:
+                self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
+                break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise OSError(f"cannot reach tfringrun at {self.args.launcher}: {e}") from e
+                time.sleep(0.2)
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+    def send(self, *words):
+        if self.sock is None:
+            return
+        try:
+            self.sock.sendall((" ".join(str(w) for w in words) + "\n").encode())
+        except OSError:
+            pass
+
+    def listen(self):
+        """Waits for ``stop`` from tfringrun, or for the connection to drop."""
+        try:
+            for line in self.sock.makefile("rb"):
+                if line.strip().decode(errors="replace") == STOP:
+                    break
+        except (OSError, ValueError):
+            pass
+        self.request_stop()
+
+    # -- child control ---------------------------------------------------------
+    def on_signal(self, signum, _frame):
+        with self.lock:
+            if self.child is None:
+                self.pending_signals.append(signum)
+                return
+            self._signal_child(signum)
+
+    def _signal_child(self, signum):
+        try:
+            self.child.send_signal(signum)
+        except OSError:
+            pass
+
+    def request_stop(self):
+        """SIGTERM the child now and SIGKILL it after the grace period."""
+        with self.lock:
+            if self.stop_requested or self.child is None or self.child.poll() is not None:
+                return
+            self.stop_requested = True
+            self._signal_child(signal.SIGTERM)
+        timer = threading.Timer(self.args.grace, self._signal_child, (signal.SIGKILL,))
+        timer.daemon = True
+        timer.start()
+
+    def start_child(self):
+        logs = {}
+        if self.args.output_dir:
+            rank_dir = os.path.join(self.args.output_dir, f"rank.{self.rank}")
+            os.makedirs(rank_dir, exist_ok=True)
+            logs = {name: os.path.join(rank_dir, name) for name in ("stdout", "stderr")}
+        with self.lock:
+            # close_fds=False keeps hydra's inheritable PMI descriptors (PMI_FD,
+            # HYDI_CONTROL_FD) open in the child; Python's own fds, such as the
+            # launcher socket, are non-inheritable and are not passed on.
+            self.child = subprocess.Popen(
+                self.args.command, close_fds=False, preexec_fn=_die_with_parent,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for signum in self.pending_signals:
+                self._signal_child(signum)
+        pumps = []
+        for name, src, fd in (("stdout", self.child.stdout, 1), ("stderr", self.child.stderr, 2)):
+            prefix = f"[{self.rank}]<{name}>:".encode() if self.args.prefix else b""
+            pumps.append(_Pump(src, fd, prefix, logs.get(name)))
+        for pump in pumps:
+            pump.start()
+        return pumps
+
+    def run(self):
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, self.on_signal)
+        if self.args.launcher:
+            try:
+                self.connect()
+            except OSError as e:
+                print(f"tfringrun: rank {self.rank}: {e}", file=sys.stderr, flush=True)
+                return 1
+        try:
+            pumps = self.start_child()
+        except OSError as e:
+            print(f"tfringrun: rank {self.rank}: cannot run {self.args.command[0]!r}: "
+                  f"{e.strerror}", file=sys.stderr, flush=True)
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+            self.send(HELLO, self.args.token, self.rank, os.getpid(), socket.gethostname())
+            self.send(EXIT, self.rank, code)
+            return code
+        self.send(HELLO, self.args.token, self.rank, os.getpid(), socket.gethostname())
+        if self.sock is not None:
+            threading.Thread(target=self.listen, daemon=True).start()
+        code = self.child.wait()
+        for pump in pumps:
+            # A grandchild that inherited the pipe can hold it open forever.
+            pump.join(timeout=2.0)
+        self.send(EXIT, self.rank, code)
+        if self.sock is not None:
+            self.sock.close()
+        return code
+
+
+def exit_status(code):
+    """The wrapper's own exit status for the child's return code.
+
+    A child killed by signal N gives the shell's 128+N. The wrapper does not
+    die of the same signal itself: tfringrun already knows the real cause
+    from the ``exit`` message, and a signal death would only make hydra print
+    its "BAD TERMINATION" banner and SIGKILL the other ranks before tfringrun
+    could stop them gracefully.
+    """
+    return code if code >= 0 else 128 - code
+
+
+def main(argv=None):
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    rank = rank_from_env()
+    wrapper = RankWrapper(args, "?" if rank is None else rank)
+    return exit_status(wrapper.run())
+
+
+if __name__ == "__main__":
+    if not __package__:
+        # Run by path: drop this directory from sys.path so that sibling
+        # modules can never shadow standard-library ones.
+        sys.path.pop(0)
+    sys.exit(main())
