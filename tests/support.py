@@ -22,7 +22,7 @@ def run_rank_suite(np_, suite_dir, timeout=600, env=None):
     report if any rank failed."""
     env = dict(env or {}, TFRING_RANK_TESTS="1")
     result = tfringrun(np_, [sys.executable, "-m", "pytest", suite_dir, "-q", "-p",
-                             "no:cacheprovider", "-o", "addopts=", "--rootdir", suite_dir],
+                             "no:cacheprovider"],
                        timeout=timeout, env=env)
     assert result.returncode == 0, (
         f"{suite_dir} failed at np={np_} (exit {result.returncode}):\n{result.stdout[-20000:]}")

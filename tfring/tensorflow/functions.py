@@ -7,21 +7,17 @@ from tfring.common import basics
 from tfring.common.process_sets import global_process_set
 from tfring.tensorflow import mpi_ops
 
-_broadcast_fns = {}
-
-
-def _broadcast_group_fn(root_rank, process_set):
-    """One tf.function per (root, set): its broadcasts are negotiated together
-    in one cycle instead of one round trip per variable."""
-    key = (root_rank, process_set.process_set_id)
-    if key not in _broadcast_fns:
-        @tf.function
-        def fn(variables):
-            for i, var in enumerate(variables):
-                var.assign(mpi_ops.broadcast(var, root_rank, name=f"tfring_broadcast_variable_{i}",
-                                             process_set=process_set))
-        _broadcast_fns[key] = fn
-    return _broadcast_fns[key]
+def _broadcast_in_one_function(variables, root_rank, process_set):
+    """Broadcasts inside one tf.function, so all the broadcasts are negotiated
+    in one cycle instead of one round trip per variable. The variables are
+    captured, not passed: Keras 3 variables passed as tf.function arguments
+    become read-only tensors."""
+    @tf.function
+    def broadcast_all():
+        for i, var in enumerate(variables):
+            var.assign(mpi_ops.broadcast(var, root_rank, name=f"tfring_broadcast_variable_{i}",
+                                         process_set=process_set))
+    broadcast_all()
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
@@ -49,7 +45,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         mpi_ops.broadcast_(variables, root_rank, process_set=process_set)
         return None
     if tf.executing_eagerly():
-        _broadcast_group_fn(root_rank, process_set)(variables)
+        _broadcast_in_one_function(variables, root_rank, process_set)
         return None
     return tf.group(*[var.assign(mpi_ops.broadcast(var, root_rank, process_set=process_set))
                       for var in variables])

@@ -1,0 +1,149 @@
+"""tfring.keras.DistributedOptimizer on whichever Keras tf.keras is (Keras 3,
+or tf_keras under TF_USE_LEGACY_KERAS=1): numerical equivalence with one
+process on the global batch, optimizer variety, config and save/load."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfring.keras as hvd
+import tfring.tensorflow as hvd_tf
+from tfring.keras.optimizer import _DistributedMixin
+from training_reference import (BATCH, FEATURES, LR, STEPS, assert_trained_like_reference,
+                                global_data, initial_weights, local_batch)
+
+keras = tf.keras
+KERAS3 = not os.environ.get("TF_USE_LEGACY_KERAS")
+
+
+def linear_model(rank):
+    w0, b0 = initial_weights(rank)
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(w0),
+                           bias_initializer=keras.initializers.Constant(b0))])
+    return model
+
+
+def local_data(rank, size, steps=STEPS):
+    x, y = global_data(size)
+    xs = np.concatenate([local_batch(x, s, rank, size) for s in range(steps)])
+    ys = np.concatenate([local_batch(y, s, rank, size) for s in range(steps)])
+    return xs, ys
+
+
+def fit_distributed(rank, size, optimizer, steps=STEPS, **compile_kwargs):
+    model = linear_model(rank)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False, **compile_kwargs)
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    xs, ys = local_data(rank, size, steps)
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def test_fit_matches_single_process(rank, size):
+    model = fit_distributed(rank, size, hvd.DistributedOptimizer(keras.optimizers.SGD(LR)))
+    w, b = model.get_weights()
+    assert_trained_like_reference(w, b, size)
+
+
+def test_fit_with_steps_per_execution(rank, size):
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR))
+    model = fit_distributed(rank, size, opt, steps=4, steps_per_execution=2)
+    assert_trained_like_reference(*model.get_weights(), size, steps=4)
+
+
+def test_backward_passes_per_step_equals_accumulating_micro_batches(rank, size):
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR), backward_passes_per_step=2)
+    model = fit_distributed(rank, size, opt, steps=4)
+    assert_trained_like_reference(*model.get_weights(), size, steps=4, accumulate=2)
+    assert int(opt.iterations.numpy()) == 4  # every backward pass counts, as in Horovod
+
+
+def test_sum_and_predivide(rank, size):
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR), op=hvd.Sum)
+    model = fit_distributed(rank, size, opt)
+    # Summing the ranks' mean gradients is averaging with a learning rate size times larger.
+    assert_trained_like_reference(*model.get_weights(), size, lr=LR * size)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR), gradient_predivide_factor=2.0)
+    assert_trained_like_reference(*fit_distributed(rank, size, opt).get_weights(), size)
+
+
+def optimizer_factories():
+    factories = {
+        "sgd_momentum": lambda: keras.optimizers.SGD(LR, momentum=0.9, nesterov=True),
+        "adam": lambda: keras.optimizers.Adam(0.01),
+        "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+        "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+        "clipnorm": lambda: keras.optimizers.SGD(LR, clipnorm=0.5),
+    }
+    if KERAS3:
+        factories["loss_scale"] = lambda: keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(LR))
+    else:
+        factories["loss_scale"] = lambda: keras.mixed_precision.LossScaleOptimizer(
+            keras.optimizers.SGD(LR))
+    return factories
+
+
+@pytest.mark.parametrize("kind", sorted(optimizer_factories()))
+def test_optimizers_match_single_process(rank, size, kind):
+    make = optimizer_factories()[kind]
+    model = fit_distributed(rank, size, hvd.DistributedOptimizer(make()))
+    # Reference: the same (undistributed) optimizer on the global batch.
+    ref = linear_model(0)
+    ref.compile(optimizer=make(), loss="mse", jit_compile=False)
+    x, y = global_data(size)
+    ref.fit(x, y, batch_size=BATCH * size, epochs=1, shuffle=False, verbose=0)
+    for got, want in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=kind)
+    everyone = hvd_tf.allgather_object([w.tolist() for w in model.get_weights()])
+    assert all(e == everyone[0] for e in everyone), kind
+
+
+def test_config_round_trip():
+    base = keras.optimizers.Adam(0.003, beta_1=0.8)
+    opt = hvd.DistributedOptimizer(base, name="dist_adam")
+    assert isinstance(opt, keras.optimizers.Adam) and isinstance(opt, _DistributedMixin)
+    config = opt.get_config()
+    assert config["name"] == "dist_adam" and abs(config["beta_1"] - 0.8) < 1e-7
+    clone = type(opt).from_config(config)
+    assert isinstance(clone, _DistributedMixin) and clone.get_config() == config
+    # A plain optimizer is made from the same config: saved models load anywhere.
+    assert type(keras.optimizers.get({"class_name": "Adam", "config": config})) is not type(opt)
+
+
+def test_save_and_load_model_rewraps_optimizer(rank, size, tmp_path):
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.5))
+    model = fit_distributed(rank, size, opt)
+    path = str(tmp_path / ("model.keras" if KERAS3 else "model.h5"))
+    model.save(path)
+    loaded = hvd.load_model(path)
+    assert isinstance(loaded.optimizer, _DistributedMixin)
+    assert int(loaded.optimizer.iterations.numpy()) == STEPS
+    for got, want in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    # Training continues in sync on every rank.
+    xs, ys = local_data(rank, size)
+    loaded.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    everyone = hvd_tf.allgather_object([w.tolist() for w in loaded.get_weights()])
+    assert all(e == everyone[0] for e in everyone)
+
+
+def test_xla_compiled_step_gets_a_clear_error(rank, size):
+    model = linear_model(rank)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse",
+                  jit_compile=True)
+    xs, ys = local_data(rank, size, steps=1)
+    with pytest.raises(Exception, match="jit_compile=False"):
+        model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
+
+
+def test_tensorflow_distributed_optimizer_routes_keras_optimizers():
+    opt = hvd_tf.DistributedOptimizer(keras.optimizers.SGD(LR))
+    assert isinstance(opt, _DistributedMixin)
+    with pytest.raises(ValueError, match="already"):
+        hvd.DistributedOptimizer(opt)
+    with pytest.raises(ValueError, match="op=hvd.Average or hvd.Sum"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(LR), op=hvd.Max)

@@ -1,0 +1,86 @@
+"""Numerical equivalence: N ranks with per-rank batch b train to the same
+weights as one process with batch N*b (plain SGD), for the gradient tape
+(eager and tf.function) and TF1 graph mode with MonitoredTrainingSession."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfring.tensorflow as hvd
+from training_reference import (BATCH, FEATURES, LR, STEPS, assert_trained_like_reference,
+                                global_data, initial_weights, local_batch)
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_distributed_gradient_tape_matches_single_process(rank, size, in_function):
+    x, y = global_data(size)
+    w0, b0 = initial_weights(rank)
+    w, b = tf.Variable(w0), tf.Variable(b0)
+    hvd.broadcast_variables([w, b], root_rank=0)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(xb, w) + b - yb))
+        tape = hvd.DistributedGradientTape(tape)
+        gw, gb = tape.gradient(loss, [w, b])
+        w.assign_sub(LR * gw)
+        b.assign_sub(LR * gb)
+    if in_function:
+        step = tf.function(step)
+    for s in range(STEPS):
+        step(local_batch(x, s, rank, size), local_batch(y, s, rank, size))
+    assert_trained_like_reference(w.numpy(), b.numpy(), size)
+
+
+def test_partial_tape_keeps_local_gradients_local(rank, size):
+    shared = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
+    local = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
+    x = tf.constant([[float(rank + 1)]])
+    shared(x), local(x)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(shared(x)) + tf.reduce_sum(local(x))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[local])
+    g_shared, g_local = tape.gradient(loss, [shared.kernel, local.kernel])
+    np.testing.assert_allclose(g_shared.numpy(), [[np.mean(np.arange(1, size + 1))]])
+    np.testing.assert_allclose(g_local.numpy(), [[(rank + 1.0) / size]])
+
+
+def test_tf1_monitored_training_session_matches_single_process(rank, size):
+    x, y = global_data(size)
+    w0, b0 = initial_weights(rank)
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=w0)
+        b = tf.compat.v1.get_variable("b", initializer=b0)
+        xb = tf.compat.v1.placeholder(tf.float32, [None, FEATURES])
+        yb = tf.compat.v1.placeholder(tf.float32, [None, 1])
+        loss = tf.reduce_mean(tf.square(tf.matmul(xb, w) + b - yb))
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(LR))
+        train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                hooks=[hvd.BroadcastGlobalVariablesHook(0)]) as sess:
+            for s in range(STEPS):
+                sess.run(train_op, feed_dict={xb: local_batch(x, s, rank, size),
+                                              yb: local_batch(y, s, rank, size)})
+            final_w, final_b = sess.run([w, b])
+    assert_trained_like_reference(final_w, final_b, size)
+
+
+def test_tf1_backward_passes_per_step(rank, size):
+    x, y = global_data(size)
+    w0, b0 = initial_weights(rank)
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=w0)
+        b = tf.compat.v1.get_variable("b", initializer=b0)
+        xb = tf.compat.v1.placeholder(tf.float32, [None, FEATURES])
+        yb = tf.compat.v1.placeholder(tf.float32, [None, 1])
+        loss = tf.reduce_mean(tf.square(tf.matmul(xb, w) + b - yb))
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(LR),
+                                       backward_passes_per_step=2)
+        step_var = tf.compat.v1.train.get_or_create_global_step()
+        train_op = opt.minimize(loss, global_step=step_var)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                hooks=[hvd.BroadcastGlobalVariablesHook(0)]) as sess:
+            for s in range(4):
+                sess.run(train_op, feed_dict={xb: local_batch(x, s, rank, size),
+                                              yb: local_batch(y, s, rank, size)})
+            final_w, final_b, global_step = sess.run([w, b, step_var])
+    assert global_step == 4  # every backward pass counts, as in Horovod
+    assert_trained_like_reference(final_w, final_b, size, steps=4, accumulate=2)

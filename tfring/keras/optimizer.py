@@ -1,0 +1,205 @@
+"""DistributedOptimizer for Keras 3 and tf_keras optimizers.
+
+The wrapper is a subclass of the optimizer's own class, so everything else
+about the optimizer (its config, its variables, checkpoints, model.save)
+stays what it was. Gradients are reduced at the one place each Keras flavour
+funnels every update through:
+
+* Keras 3: ``Optimizer.apply(grads, variables)``; both ``apply_gradients``
+  and Keras 3's trainer call it. (Horovod overrode Keras 2's
+  ``get_gradients`` / ``_aggregate_gradients``, which Keras 3 does not have.)
+* tf_keras (Keras 2): ``apply_gradients(grads_and_vars)``.
+
+Reduction happens before clipping, loss-scale checks and the inner update,
+so every rank applies identical gradients.
+"""
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from tfring.common.process_sets import global_process_set
+from tfring.tensorflow import mpi_ops
+from tfring.tensorflow.compression import Compression
+from tfring.tensorflow.gradient_aggregation import GradientReducer, LocalGradientAggregator
+
+
+def _check_not_xla():
+    graph = tf.compat.v1.get_default_graph()
+    if control_flow_util.GraphOrParentsInXlaContext(graph):
+        raise RuntimeError(
+            "tfring's collectives have no XLA kernels, and this train step is being compiled "
+            "with XLA. Compile the model with jit_compile=False (Keras 3 turns XLA on by "
+            "default on GPU machines).")
+
+
+class _DistributedState:
+    """Per-optimizer reducer and (for backward_passes_per_step > 1) aggregator."""
+
+    def __init__(self, settings):
+        self.reducer = GradientReducer(
+            settings["compression"], settings["sparse_as_dense"], settings["op"],
+            settings["gradient_predivide_factor"], settings["groups"], settings["process_set"],
+            scale_local_gradients=settings["scale_local_gradients"],
+            name="DistributedOptimizer")
+        passes = settings["backward_passes_per_step"]
+        self.aggregator = None if passes == 1 else LocalGradientAggregator(
+            passes, self.reducer, settings["average_aggregated_gradients"])
+
+
+class _DistributedMixin:
+    _tfring_settings = None  # set on each generated subclass
+
+    def _tfring_state(self):
+        state = self.__dict__.get("_tfring_state_")
+        if state is None:
+            state = _DistributedState(self._tfring_settings)
+            object.__setattr__(self, "_tfring_state_", state)
+        return state
+
+    def _tfring_update(self, grads, variables, apply_fn):
+        """Reduces `grads` and runs apply_fn(reduced), directly or every Nth pass."""
+        _check_not_xla()
+        state = self._tfring_state()
+        if state.aggregator is None:
+            return apply_fn(state.reducer(grads, variables))
+        return state.aggregator.step(grads, variables, apply_fn,
+                                     lambda: self.iterations.assign_add(1))
+
+
+class _Keras3Mixin(_DistributedMixin):
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+        elif not self.built:
+            return super().apply(grads, trainable_variables)  # Keras raises its own error
+        variables = trainable_variables or list(self._trainable_variables)
+        if not self.built:
+            # Build outside any tf.cond so optimizer variables are created once.
+            self.build(variables)
+            self.built = True
+        parent = super()
+        return self._tfring_update(grads, variables,
+                                   lambda reduced: parent.apply(reduced, trainable_variables))
+
+
+class _TFKerasMixin(_DistributedMixin):
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        grads = [g for g, _ in grads_and_vars]
+        variables = [v for _, v in grads_and_vars]
+        parent = super()
+        return self._tfring_update(
+            grads, variables,
+            lambda reduced: parent.apply_gradients(list(zip(reduced, variables)), *args,
+                                                   **kwargs))
+
+
+def _is_keras3(cls):
+    return cls.__module__.startswith("keras") and hasattr(cls, "stateless_apply")
+
+
+def _distributed_class(base, settings):
+    if issubclass(base, _DistributedMixin):
+        raise ValueError(f"{base.__name__} is already a tfring DistributedOptimizer.")
+    mixin = _Keras3Mixin if _is_keras3(base) else _TFKerasMixin
+    # Same name and module as the base, so saved configs name the plain
+    # optimizer and load anywhere (tfring.keras.load_model re-wraps it).
+    return type(base.__name__, (mixin, base),
+                {"__module__": base.__module__, "_tfring_settings": settings,
+                 "__doc__": base.__doc__})
+
+
+def _settings(compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+              op=mpi_ops.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+              groups=None, process_set=global_process_set, scale_local_gradients=True):
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be >= 1.")
+    settings = dict(locals())
+    # Fail now, not at the first step, on a bad op or predivide factor.
+    GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor, groups,
+                    process_set)
+    return settings
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=mpi_ops.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=global_process_set,
+                         scale_local_gradients=True):
+    """Wraps a Keras optimizer so that gradients are averaged across ranks
+    before clipping and before the update.
+
+    Works with any Keras 3 optimizer (SGD, Adam, AdamW, RMSprop,
+    LossScaleOptimizer, ...) and with tf_keras optimizers. The result is a
+    new optimizer built from `optimizer.get_config()`.
+
+    Args:
+        optimizer: the Keras optimizer to wrap (not yet used for training).
+        name: optional new name for the optimizer.
+        compression: Compression.none or Compression.fp16.
+        sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
+        gradient_predivide_factor: with op=Average, divide before the sum.
+        op: hvd.Average (default) or hvd.Sum.
+        backward_passes_per_step: sum gradients locally over this many steps
+            and update on every Nth.
+        average_aggregated_gradients: divide that local sum by the number of steps.
+        num_groups, groups: reduce gradients in this many groups, or in the
+            given lists of variables.
+        process_set: the ranks that reduce.
+
+    Returns:
+        The distributed optimizer (an instance of a subclass of optimizer's class).
+
+    Raises:
+        ValueError: a bad op, predivide factor or backward_passes_per_step.
+        RuntimeError: at the first step, if the train step is XLA-compiled.
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
+        >>> model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    """
+    settings = _settings(compression, sparse_as_dense, gradient_predivide_factor, op,
+                         backward_passes_per_step, average_aggregated_gradients,
+                         groups if groups is not None else (num_groups or None), process_set,
+                         scale_local_gradients)
+    cls = _distributed_class(type(optimizer), settings)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    return cls.from_config(config)
+
+
+def make_distributed_in_place(optimizer, **settings):
+    """Turns an existing optimizer (with its state) into a distributed one."""
+    optimizer.__class__ = _distributed_class(type(optimizer), _settings(**settings))
+    return optimizer
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none):
+    """Loads a saved Keras model and wraps its optimizer in DistributedOptimizer,
+    keeping the optimizer's restored state.
+
+    Args:
+        filepath: the saved model (.keras, .h5 or SavedModel directory).
+        custom_optimizers: accepted for Horovod compatibility; custom optimizer
+            classes can also be passed in custom_objects.
+        custom_objects: passed to keras.models.load_model.
+        compression: the compression of the wrapped optimizer.
+
+    Returns:
+        The model, its optimizer distributed.
+
+    Example:
+        >>> model = hvd.load_model("checkpoint.keras")
+    """
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or []:
+        objects.setdefault(cls.__name__, cls)
+    from tfring.keras import sync_batch_norm  # noqa: F401  (registers the layer)
+    model = tf.keras.models.load_model(filepath, custom_objects=objects)
+    if getattr(model, "optimizer", None) is not None and not isinstance(model.optimizer,
+                                                                        _DistributedMixin):
+        make_distributed_in_place(model.optimizer, compression=compression)
+    return model

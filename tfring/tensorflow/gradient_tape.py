@@ -1,0 +1,98 @@
+"""DistributedGradientTape: a GradientTape whose gradients are averaged
+across ranks, in eager mode and inside tf.function."""
+import tensorflow as tf
+
+from tfring.common.process_sets import global_process_set
+from tfring.tensorflow import mpi_ops
+from tfring.tensorflow.compression import Compression
+from tfring.tensorflow.gradient_aggregation import GradientReducer
+
+
+class _DistributedTapeMixin:
+    """Overrides gradient(); mixed into the class of the tape being wrapped."""
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = super().gradient(target, sources, output_gradients=output_gradients,
+                                 unconnected_gradients=unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        reduced = self._tfring_reducer(flat_grads, flat_sources)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+def _wrap(gradtape, reducer):
+    cls = type(gradtape.__class__.__name__, (_DistributedTapeMixin, gradtape.__class__), {})
+    tape = cls.__new__(cls)
+    # Share the recorded state: the wrapper is usually made after the `with`
+    # block that recorded the computation.
+    tape.__dict__.update(gradtape.__dict__)
+    tape._tfring_reducer = reducer
+    return tape
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                            compression=Compression.none, sparse_as_dense=False,
+                            op=mpi_ops.Average, gradient_predivide_factor=1.0, groups=None,
+                            process_set=global_process_set, scale_local_gradients=True):
+    """Wraps a tf.GradientTape so that gradient() averages across ranks.
+
+    In eager mode each call reduces all gradients in one grouped request; in
+    tf.function they are separate ops that the core fuses.
+
+    Args:
+        gradtape: the tf.GradientTape (before or after recording).
+        device_dense, device_sparse: accepted for Horovod compatibility.
+        compression: Compression.none or Compression.fp16.
+        sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
+        op: hvd.Average (default) or hvd.Sum.
+        gradient_predivide_factor: see GradientReducer.
+        groups: None, a number of groups, or lists of variables reduced together.
+        process_set: the ranks that reduce.
+
+    Returns:
+        A tape of the same class whose gradient() returns reduced gradients.
+
+    Raises:
+        ValueError: a bad op or predivide factor.
+
+    Example:
+        >>> with tf.GradientTape() as tape:
+        ...     loss = loss_fn(model(x), y)
+        >>> tape = hvd.DistributedGradientTape(tape)
+        >>> grads = tape.gradient(loss, model.trainable_variables)
+    """
+    reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
+                              groups, process_set, scale_local_gradients=scale_local_gradients,
+                              name="DistributedGradientTape")
+    return _wrap(gradtape, reducer)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=mpi_ops.Average, gradient_predivide_factor=1.0,
+                                   groups=None, process_set=global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """Like DistributedGradientTape, but gradients of `local_layers`' variables
+    stay local to each rank (divided by size when scale_local_gradients).
+
+    Args:
+        local_layers: a Keras layer or a list of them whose weights are local.
+        Other arguments: as DistributedGradientTape.
+
+    Returns:
+        The wrapped tape.
+
+    Example:
+        >>> tape = hvd.PartialDistributedGradientTape(tape, local_layers=[model.layers[-1]])
+    """
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    local_vars = [v for layer in local_layers for v in layer.trainable_weights]
+    reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
+                              groups, process_set, local_variables=local_vars,
+                              scale_local_gradients=scale_local_gradients,
+                              name="PartialDistributedGradientTape")
+    return _wrap(gradtape, reducer)
