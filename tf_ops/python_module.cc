@@ -28,14 +28,18 @@ PYBIND11_MODULE(_tfring_ops, m) {
     }
     return StatusTuple(s);
   });
-  m.def("shutdown", []() {
-    tfring::Status s;
-    {
-      py::gil_scoped_release release;
-      s = tfring::Shutdown();
-    }
-    return StatusTuple(s);
-  });
+  m.def(
+      "shutdown",
+      [](const std::string& reason) {
+        tfring::Status s;
+        {
+          py::gil_scoped_release release;
+          s = tfring::Shutdown(reason);
+        }
+        return StatusTuple(s);
+      },
+      py::arg("reason") = "");
+  m.def("communication_broken", &tfring::CommunicationBroken);
   m.def("is_initialized", &tfring::IsInitialized);
   m.def("check_initialized", []() { return StatusTuple(tfring::CheckInitialized()); });
   m.def("check_topology_known", []() { return StatusTuple(tfring::CheckTopologyKnown()); });

@@ -421,17 +421,18 @@ std::vector<Response> Controller::Fuse(std::vector<Response> responses, int64_t 
   return out;
 }
 
-std::vector<std::pair<std::string, std::vector<int>>> Controller::StalledTensors(
+std::vector<std::pair<Controller::Stall, std::vector<int>>> Controller::StalledTensors(
     double seconds) const {
-  std::vector<std::pair<std::string, std::vector<int>>> out;
+  std::vector<std::pair<Stall, std::vector<int>>> out;
   auto now = std::chrono::steady_clock::now();
   for (const std::string& name : arrival_order_) {
     const PendingTensor& p = pending_.at(name);
-    if (std::chrono::duration<double>(now - p.first_seen).count() < seconds) continue;
+    const double waited = std::chrono::duration<double>(now - p.first_seen).count();
+    if (waited < seconds) continue;
     std::vector<int> missing;
     for (int r = 0; r < size(); ++r)
       if (!p.received[r] && !joined_[r]) missing.push_back(global_ranks_[r]);
-    out.push_back({name, missing});
+    out.push_back({{name, waited}, missing});
   }
   return out;
 }

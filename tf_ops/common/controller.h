@@ -42,9 +42,13 @@ class Controller {
   // combined size stays within `threshold_bytes`. Order among the remaining
   // responses is kept.
   static std::vector<Response> Fuse(std::vector<Response> responses, int64_t threshold_bytes);
-  // Names and missing ranks of tensors some ranks have been waiting on for
-  // longer than `seconds` (for the stall inspector).
-  std::vector<std::pair<std::string, std::vector<int>>> StalledTensors(double seconds) const;
+  // Tensors some ranks have been waiting on for longer than `seconds`, with
+  // how long and the (job-wide) ranks that have not submitted them.
+  struct Stall {
+    std::string name;
+    double seconds;
+  };
+  std::vector<std::pair<Stall, std::vector<int>>> StalledTensors(double seconds) const;
   // Ids handed out for new process sets (the global set's coordinator only).
   void set_next_process_set_id(int32_t id) { next_process_set_id_ = id; }
 

@@ -30,6 +30,9 @@ struct GlobalState {
   std::mutex lifecycle_mu;  // init/shutdown transitions
   std::atomic<bool> running{false};
   std::atomic<bool> shutdown_requested{false};
+  // Why this rank asks the job to stop; guarded by reason_mu.
+  std::mutex reason_mu;
+  std::string shutdown_reason;
   // Guards `stopped` against Enqueue so nothing slips in after the final FailAll.
   std::mutex enqueue_mu;
   bool stopped = true;
@@ -42,6 +45,7 @@ struct GlobalState {
   ProcessSetTable process_sets;
   std::thread background;
   std::atomic<int> add_counter{0};
+  std::atomic<bool> comm_broken{false};
 };
 
 // Never destroyed: kernels may still hold callbacks into the core while the
@@ -259,8 +263,9 @@ void PerformOperation(ProcessSet& ps, const Response& r) {
 // --- The background loop ---------------------------------------------------
 
 // Runs one negotiation round on every process set this rank belongs to.
-// Returns false when the job is shutting down; `why` then says why.
-bool RunLoopOnce(Status* why) {
+// Returns false when the job is shutting down; `why` then says why, and
+// `broken` whether communication itself failed (a dead peer, an MPI error).
+bool RunLoopOnce(Status* why, bool* broken) {
   GlobalState& st = state();
   for (const auto& ps : st.process_sets.All()) {
     // A set removed earlier in this round is gone on every rank alike.
@@ -268,15 +273,18 @@ bool RunLoopOnce(Status* why) {
     RequestList mine;
     ps->queue.PopRequests(&mine.requests);
     if (ps->id == kGlobalProcessSetId && st.shutdown_requested) {
+      std::lock_guard<std::mutex> lock(st.reason_mu);
       mine.shutdown = true;
-      mine.shutdown_reason = "rank " + std::to_string(st.topo.rank) +
-                             " called shutdown() (or its script ended)";
+      mine.shutdown_reason = st.shutdown_reason;
     }
     ResponseList responses;
     Status s = ps->controller->ComputeResponseList(mine, &responses);
     if (!s.ok()) {
-      *why = Status::Aborted("tfring stopped after a communication failure in process set " +
-                             std::to_string(ps->id) + ": " + s.message());
+      *broken = true;
+      *why = s.message().rfind("tfring stopped", 0) == 0
+                 ? s
+                 : Status::Aborted("tfring stopped after a communication failure in process "
+                                   "set " + std::to_string(ps->id) + ": " + s.message());
       return false;
     }
     for (const Response& r : responses.responses) PerformOperation(*ps, r);
@@ -289,34 +297,63 @@ bool RunLoopOnce(Status* why) {
   return true;
 }
 
-void CheckForStalls(std::chrono::steady_clock::time_point* last_check) {
+void RequestShutdown(const std::string& reason) {
   GlobalState& st = state();
-  if (st.config.stall_check_disabled || st.config.stall_check_time_s <= 0) return;
-  auto now = std::chrono::steady_clock::now();
-  if (std::chrono::duration<double>(now - *last_check).count() < st.config.stall_check_time_s)
-    return;
-  *last_check = now;
+  {
+    std::lock_guard<std::mutex> lock(st.reason_mu);
+    if (st.shutdown_requested) return;
+    st.shutdown_reason = reason;
+  }
+  st.shutdown_requested = true;
+}
+
+// On each set's coordinator: warns about tensors some ranks have submitted
+// and others have not, every stall_check_time_s; past stall_shutdown_time_s
+// (when set) stops the job, so every rank gets an error naming the tensor
+// and the missing ranks instead of waiting forever.
+void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
+  GlobalState& st = state();
+  const Config& c = st.config;
+  if (c.stall_check_disabled) return;
+  const bool warn_due = c.stall_check_time_s > 0 &&
+                        std::chrono::steady_clock::now() - *last_warning >=
+                            std::chrono::duration<double>(c.stall_check_time_s);
+  const bool can_stop = c.stall_shutdown_time_s > 0;
+  if (!warn_due && !can_stop) return;
+  const double threshold = c.stall_check_time_s > 0 ? c.stall_check_time_s : c.stall_shutdown_time_s;
   for (const auto& ps : st.process_sets.All()) {
     if (!ps->included() || !ps->controller->is_coordinator()) continue;
-    for (const auto& stalled : ps->controller->StalledTensors(st.config.stall_check_time_s)) {
+    for (const auto& stalled : ps->controller->StalledTensors(threshold)) {
       std::string missing;
       for (int r : stalled.second) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      TFRING_LOG(WARNING) << "Stall: tensor '" << stalled.first << "' in process set " << ps->id
-                          << " has waited over " << st.config.stall_check_time_s
-                          << " s for ranks [" << missing << "] to submit it.";
+      std::string what = "tensor '" + stalled.first.name + "' in process set " +
+                         std::to_string(ps->id) + " has waited " +
+                         std::to_string(static_cast<int>(stalled.first.seconds)) +
+                         " s for ranks [" + missing + "] to submit it";
+      if (warn_due) {
+        TFRING_LOG(WARNING) << "Stall: " << what
+                            << ". Ranks must submit the same collectives; one of them may be "
+                               "stuck or on a different code path.";
+      }
+      if (can_stop && stalled.first.seconds >= c.stall_shutdown_time_s) {
+        RequestShutdown("a stall: " + what + " (TFRING_STALL_SHUTDOWN_TIME_SECONDS=" +
+                        std::to_string(static_cast<int>(c.stall_shutdown_time_s)) + ")");
+      }
     }
   }
+  if (warn_due) *last_warning = std::chrono::steady_clock::now();
 }
 
 void BackgroundLoop() {
   GlobalState& st = state();
   const auto cycle = std::chrono::microseconds(static_cast<int64_t>(st.config.cycle_time_ms * 1000));
-  auto last_stall_check = std::chrono::steady_clock::now();
+  auto last_stall_warning = std::chrono::steady_clock::now();
   Status why;
+  bool broken = false;
   while (true) {
     auto start = std::chrono::steady_clock::now();
-    if (!RunLoopOnce(&why)) break;
-    CheckForStalls(&last_stall_check);
+    if (!RunLoopOnce(&why, &broken)) break;
+    CheckForStalls(&last_stall_warning);
     std::this_thread::sleep_until(start + cycle);
   }
   {
@@ -325,26 +362,46 @@ void BackgroundLoop() {
     st.stopped_status = why;
   }
   for (const auto& ps : st.process_sets.All()) ps->queue.FailAll(why);
+  if (broken) {
+    // MPI operations may still be pending on these communicators and a peer
+    // is gone: freeing them could block. They are left to the process's end.
+    static auto* abandoned = new std::vector<std::shared_ptr<void>>();
+    for (const auto& ps : st.process_sets.All()) abandoned->push_back(ps);
+    abandoned->push_back(std::shared_ptr<Backend>(st.backend.release()));
+  }
   // Free communicators on this thread, which is the one that used them.
   st.process_sets.Clear();
   st.backend.reset();
+  st.comm_broken = broken;
   TFRING_LOG(DEBUG) << "background thread finished: " << why.message();
 }
 
-Status ComputeTopology(ProcessSet& global, const Config& config, Topology* topo) {
-  constexpr int kHostBytes = 256;
-  char host[kHostBytes] = {0};
-  if (!config.hostname.empty()) {
-    std::strncpy(host, config.hostname.c_str(), kHostBytes - 1);
-  } else {
-    gethostname(host, kHostBytes - 1);
-  }
+// What each rank tells the others at init.
+struct RankInfo {
+  static constexpr int kHostBytes = 256;
+  char host[kHostBytes];       // for topology: TFRING_HOSTNAME if set
+  char real_host[kHostBytes];  // for the peer monitor
+  int64_t pid;
+};
+
+Status ComputeTopology(ProcessSet& global, const Config& config, Topology* topo,
+                       std::vector<PeerMonitor::Peer>* peers, std::string* my_real_host) {
+  RankInfo mine;
+  std::memset(&mine, 0, sizeof(mine));
+  gethostname(mine.real_host, RankInfo::kHostBytes - 1);
+  std::strncpy(mine.host, config.hostname.empty() ? mine.real_host : config.hostname.c_str(),
+               RankInfo::kHostBytes - 1);
+  mine.pid = getpid();
   const int n = global.size();
-  std::vector<char> all(static_cast<size_t>(n) * kHostBytes);
-  TFRING_RETURN_IF_ERROR(
-      global.data_plane->Allgather(host, all.data(), std::vector<int64_t>(n, kHostBytes)));
+  std::vector<RankInfo> all(n);
+  TFRING_RETURN_IF_ERROR(global.data_plane->Allgather(
+      &mine, all.data(), std::vector<int64_t>(n, static_cast<int64_t>(sizeof(RankInfo)))));
   std::vector<std::string> hosts(n);
-  for (int r = 0; r < n; ++r) hosts[r] = std::string(&all[r * kHostBytes]);
+  for (int r = 0; r < n; ++r) {
+    hosts[r] = std::string(all[r].host);
+    peers->push_back({r, static_cast<int>(all[r].pid), std::string(all[r].real_host)});
+  }
+  *my_real_host = mine.real_host;
   topo->rank = global.rank;
   topo->size = n;
   std::vector<int> local_rank(n), local_size(n);
@@ -381,8 +438,13 @@ Status InitializeMPI(int64_t fortran_comm) {
   // The previous job ended (shutdown() here, or another rank stopped it).
   if (st.background.joinable()) st.background.join();
 
+  if (st.comm_broken) {
+    return Status::Aborted("tfring cannot start again in this process: communication broke "
+                           "down earlier (" + st.stopped_status.message() + ")");
+  }
   st.config = Config::FromEnvironment();
   st.shutdown_requested = false;
+  st.shutdown_reason.clear();
   std::unique_ptr<MPIBackend> backend;
   TFRING_RETURN_IF_ERROR(MPIBackend::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)), &backend));
   auto global = std::make_shared<ProcessSet>();
@@ -390,7 +452,10 @@ Status InitializeMPI(int64_t fortran_comm) {
   for (int r = 0; r < backend->size(); ++r) global->ranks.push_back(r);
   TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(global.get(), st.config));
   Topology topo;
-  TFRING_RETURN_IF_ERROR(ComputeTopology(*global, st.config, &topo));
+  std::vector<PeerMonitor::Peer> peers;
+  std::string real_host;
+  TFRING_RETURN_IF_ERROR(ComputeTopology(*global, st.config, &topo, &peers, &real_host));
+  backend->set_peer_monitor(std::make_shared<PeerMonitor>(topo.rank, real_host, peers));
   SetLogging(st.config.log_level, st.config.log_timestamps, topo.rank);
 
   st.topo = topo;
@@ -410,11 +475,12 @@ Status InitializeMPI(int64_t fortran_comm) {
   return Status::OK();
 }
 
-Status Shutdown() {
+Status Shutdown(const std::string& reason) {
   GlobalState& st = state();
   std::lock_guard<std::mutex> lock(st.lifecycle_mu);
   if (!st.running) return Status::OK();
-  st.shutdown_requested = true;
+  RequestShutdown("rank " + std::to_string(st.topo.rank) +
+                  (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason));
   if (st.background.joinable()) st.background.join();
   {
     std::lock_guard<std::mutex> elock(st.enqueue_mu);
@@ -458,6 +524,8 @@ int LocalSize() { return state().topo.local_size; }
 int CrossRank() { return state().topo.cross_rank; }
 int CrossSize() { return state().topo.cross_size; }
 bool IsHomogeneous() { return state().topo.homogeneous; }
+bool CommunicationBroken() { return state().comm_broken; }
+
 bool MPIThreadsSupported() {
   GlobalState& st = state();
   return st.backend && st.backend->threads_supported();

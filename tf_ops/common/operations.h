@@ -21,8 +21,9 @@ extern const char* const kJoinTensorName;
 // starts afresh.
 Status InitializeMPI(int64_t fortran_comm);
 // Asks every rank to stop, waits for the background thread, fails whatever
-// is still pending. Safe to call more than once.
-Status Shutdown();
+// is still pending. `reason` is what the other ranks' errors will say about
+// this rank (e.g. the exception its script died of). Safe to call twice.
+Status Shutdown(const std::string& reason = "");
 bool IsInitialized();
 // OK when collectives can be submitted; otherwise the error to show the user.
 Status CheckInitialized();
@@ -38,6 +39,8 @@ int CrossRank();
 int CrossSize();
 bool IsHomogeneous();
 bool MPIThreadsSupported();
+// True once a peer died or MPI failed: MPI must then not be finalised.
+bool CommunicationBroken();
 
 // Submits one collective. On error the entry's callback is not called.
 Status Enqueue(int32_t process_set_id, TensorTableEntry entry);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "controller.h"
+#include "peer_monitor.h"
 #include "fusion_buffer.h"
 #include "ops/data_plane.h"
 #include "tensor_queue.h"
@@ -54,6 +55,8 @@ class Backend {
   // plane (left null when this rank is not in `set->ranks`).
   virtual Status CreateProcessSet(ProcessSet* set, const Config& config) = 0;
   virtual bool threads_supported() const = 0;
+  // Lets waits give up when a peer process dies (see PeerMonitor).
+  virtual void set_peer_monitor(std::shared_ptr<PeerMonitor> monitor) = 0;
 };
 
 }  // namespace tfring

@@ -5,6 +5,8 @@ from the core come back as (code, message) and are raised as the
 ``tf.errors`` type Horovod users expect.
 """
 import atexit
+import os
+import sys
 import threading
 
 from tfring.common import loader
@@ -14,6 +16,9 @@ _OK, _UNKNOWN, _PRECONDITION, _ABORTED, _INVALID_ARGUMENT = 0, 1, 2, 3, 4
 
 _atexit_registered = False
 _init_lock = threading.Lock()
+# Set by our excepthook: what the other ranks are told when this one dies of
+# an uncaught exception.
+_exit_reason = ""
 
 
 def _core():
@@ -88,7 +93,8 @@ def init(comm=None, process_sets=None):
         if not _atexit_registered:
             # Registered after mpi4py's own hook, so it runs first: the
             # background thread is gone before MPI is finalised.
-            atexit.register(shutdown)
+            atexit.register(_shutdown_at_exit)
+            _install_excepthook()
             _atexit_registered = True
     if process_sets and process_sets != "dynamic":
         from tfring.common import process_sets as ps_module
@@ -99,10 +105,41 @@ def init(comm=None, process_sets=None):
 def shutdown():
     """Stops tfring on this process; collectives of other ranks then fail with an
     error naming this rank. Safe to call twice; init() may be called again after.
+
+    Example:
+        >>> hvd.shutdown()
     """
     if loader._loaded is None:
         return
     _check(_core().shutdown())
+
+
+def _install_excepthook():
+    previous = sys.excepthook
+
+    def record_and_report(exc_type, exc, tb):
+        global _exit_reason
+        _exit_reason = f"died of an uncaught {exc_type.__name__}: {exc}"[:400]
+        previous(exc_type, exc, tb)
+    sys.excepthook = record_and_report
+
+
+def _shutdown_at_exit():
+    if loader._loaded is None:
+        return
+    core = _core()
+    core.shutdown(_exit_reason or "finished its script (without calling shutdown())")
+    if core.communication_broken():
+        # A peer is gone: MPI_Finalize could wait for it forever. Skip it.
+        try:
+            import mpi4py
+            mpi4py.rc.finalize = False
+            from mpi4py import MPI  # noqa: F401
+        except ImportError:
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def is_initialized():

@@ -95,6 +95,10 @@ def build_parser():
                             "as TFRING_START_TIMEOUT (default: 30, or $TFRING_START_TIMEOUT)")
     group.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="stop the whole job after this long, exit code 124 (tfring extension)")
+    group.add_argument("--failure-grace-seconds", type=float, default=5.0, metavar="SECONDS",
+                       help="after a rank fails, give the others this long to report it and "
+                            "exit by themselves before stopping them (default 5; tfring "
+                            "extension)")
     group.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces",
                        metavar="NIC", help="network interface for the launcher's traffic, e.g. "
                                            "eth0 (hydra uses one: the first of a list)")
@@ -280,7 +284,7 @@ def _launch(args, hosts, num_proc, command, extra_env, mpiexec):
     supervisor = Supervisor(
         num_proc, bind_host="0.0.0.0" if remote else "127.0.0.1", advertise_host=advertise,
         start_timeout=args.start_timeout, timeout=args.timeout, verbose=args.verbose,
-        show_hosts=len(placement) > 1)
+        show_hosts=len(placement) > 1, failure_grace=args.failure_grace_seconds)
     rank_command = [sys.executable, os.path.abspath(rank_wrapper.__file__)]
     rank_command += supervisor.wrapper_args()
     if args.prefix_output:

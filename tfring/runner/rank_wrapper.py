@@ -73,6 +73,9 @@ def _parse_args(argv):
     parser.add_argument("--grace", type=float, default=3.0,
                         help="seconds between SIGTERM and SIGKILL when stopping")
     parser.add_argument("--connect-timeout", type=float, default=30.0)
+    parser.add_argument("--linger", type=float, default=0.0,
+                        help="after the command fails, stay up this long (or until tfringrun "
+                             "says stop) before exiting")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -176,6 +179,7 @@ class RankWrapper:
         # that thread already holds the lock in start_child().
         self.lock = threading.RLock()
         self.stop_requested = False
+        self.stop_received = threading.Event()
         self.pending_signals = []
 
     # -- launcher connection -------------------------------------------------
@@ -209,6 +213,7 @@ class RankWrapper:
                     break
         except (OSError, ValueError):
             pass
+        self.stop_received.set()
         self.request_stop()
 
     # -- child control ---------------------------------------------------------
@@ -285,6 +290,11 @@ class RankWrapper:
             # A grandchild that inherited the pipe can hold it open forever.
             pump.join(timeout=2.0)
         self.send(EXIT, self.rank, code)
+        if code != 0 and self.sock is not None and self.args.linger > 0:
+            # hydra SIGKILLs every rank as soon as one of its processes exits
+            # abnormally. Staying up a little gives the surviving ranks time to
+            # notice the dead one and report it in their own errors.
+            self.stop_received.wait(self.args.linger)
         if self.sock is not None:
             self.sock.close()
         return code

@@ -37,6 +37,9 @@ import time
 from tfring.runner import rank_wrapper as wire
 
 GRACE_SECONDS = 3.0
+# After a rank fails, the others get this long to notice (tfring names the
+# dead rank in their errors) and exit by themselves before they are stopped.
+FAILURE_GRACE_SECONDS = 5.0
 _KILL_MARGIN = 2.0
 _POLL_SECONDS = 0.1
 _DRAIN_SECONDS = 1.0
@@ -117,13 +120,15 @@ class Supervisor:
 
     def __init__(self, num_proc, *, bind_host="127.0.0.1", advertise_host="127.0.0.1",
                  start_timeout=30.0, timeout=None, verbose=False, show_hosts=False,
-                 grace=GRACE_SECONDS):
+                 grace=GRACE_SECONDS, failure_grace=FAILURE_GRACE_SECONDS):
         self.num_proc = num_proc
         self.start_timeout = start_timeout
         self.timeout = timeout
         self.verbose = verbose
         self.show_hosts = show_hosts
         self.grace = grace
+        self.failure_grace = failure_grace
+        self.deferred_stop = None  # when a stop delayed by failure_grace happens
         self.token = secrets.token_hex(8)
         self.listener = socket.create_server((bind_host, 0))
         self.listener.setblocking(False)
@@ -142,7 +147,8 @@ class Supervisor:
     def wrapper_args(self):
         """Arguments that point each rank wrapper back at this supervisor."""
         return ["--launcher", self.address, "--token", self.token,
-                "--grace", str(self.grace), "--connect-timeout", str(self.start_timeout)]
+                "--grace", str(self.grace), "--connect-timeout", str(self.start_timeout),
+                "--linger", str(self.failure_grace)]
 
     # -- reporting ---------------------------------------------------------
     def _say(self, message):
@@ -244,13 +250,19 @@ class Supervisor:
         except OSError:
             pass
 
-    def _stop(self, code, message):
-        """Records why the job ends (first reason wins) and starts stopping it."""
+    def _stop(self, code, message, delay=0.0):
+        """Records why the job ends (first reason wins) and starts stopping it,
+        after `delay` seconds if the ranks may still end by themselves."""
         if self.outcome is None:
             self.outcome = (code, message)
             self._say(message)
         if self.stop_deadline is not None:
             return
+        if delay > 0 and self.proc.poll() is None:
+            if self.deferred_stop is None:
+                self.deferred_stop = time.monotonic() + delay
+            return
+        self.deferred_stop = None
         self.stop_deadline = time.monotonic() + self.grace + _KILL_MARGIN
         for conn in list(self.connections):
             if conn.rank is not None:
@@ -303,6 +315,9 @@ class Supervisor:
                           f"--start-timeout {self.start_timeout:g} s (are the hosts reachable, "
                           "and is this Python and tfring installed at the same path on each?); "
                           "stopping the job.")
+        if self.deferred_stop is not None and (now >= self.deferred_stop or not self._running()):
+            # Grace is over, or every surviving rank has already ended.
+            self._stop(*self.outcome)
         if self.stop_deadline is not None and now > self.stop_deadline:
             self._kill_everything()
 
@@ -351,4 +366,5 @@ class Supervisor:
         rank, code = failure
         what, shell_code = describe_exit(code)
         ending = "stopping the job." if self.proc.poll() is None else "the job has ended."
-        self._stop(shell_code, f"{self._rank_name(rank)} {what}; {ending}")
+        self._stop(shell_code, f"{self._rank_name(rank)} {what}; {ending}",
+                   delay=self.failure_grace)

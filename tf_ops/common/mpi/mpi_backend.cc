@@ -49,7 +49,7 @@ Status MPIBackend::CreateProcessSet(ProcessSet* set, const Config& config) {
     TFRING_RETURN_IF_ERROR(MPIStatus(
         MPI_Comm_split(global_->get(), member ? 0 : MPI_UNDEFINED, rank(), &split), "Comm_split"));
     if (!member) return Status::OK();
-    comm = std::make_shared<MPICommunicator>(split);
+    comm = std::make_shared<MPICommunicator>(split, global_->monitor());
   }
   set->rank = comm->rank();
   set->controller.reset(new MPIController(comm, set->ranks, config));

@@ -20,6 +20,9 @@ class MPIBackend : public Backend {
   int size() const override { return global_->size(); }
   Status CreateProcessSet(ProcessSet* set, const Config& config) override;
   bool threads_supported() const override { return threads_supported_; }
+  void set_peer_monitor(std::shared_ptr<PeerMonitor> monitor) override {
+    global_->set_monitor(std::move(monitor));
+  }
 
  private:
   std::shared_ptr<MPICommunicator> global_;

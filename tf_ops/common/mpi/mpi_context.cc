@@ -7,7 +7,8 @@
 
 namespace tfring {
 
-MPICommunicator::MPICommunicator(MPI_Comm comm) : comm_(comm) {
+MPICommunicator::MPICommunicator(MPI_Comm comm, std::shared_ptr<PeerMonitor> monitor)
+    : comm_(comm), monitor_(std::move(monitor)) {
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -29,20 +30,18 @@ Status MPIStatus(int code, const char* what) {
   return Status::Aborted(std::string("tfring: MPI ") + what + " failed: " + std::string(msg, len));
 }
 
-Status MPIWaitYielding(MPI_Request* request, const char* what) {
+Status MPICommunicator::Wait(MPI_Request* request, const char* what, bool spin) const {
   int done = 0;
-  for (int spin = 0; spin < 200; ++spin) {
-    int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return MPIStatus(rc, what);
-    if (done) return Status::OK();
-  }
   auto sleep = std::chrono::microseconds(10);
-  while (true) {
+  for (int polls = 0;; ++polls) {
     int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return MPIStatus(rc, what);
     if (done) return Status::OK();
-    std::this_thread::sleep_for(sleep);
-    if (sleep < std::chrono::microseconds(1000)) sleep *= 2;
+    if (monitor_ && (polls & 63) == 63) TFRING_RETURN_IF_ERROR(monitor_->Check());
+    if (!spin && polls >= 200) {
+      std::this_thread::sleep_for(sleep);
+      if (sleep < std::chrono::microseconds(1000)) sleep *= 2;
+    }
   }
 }
 

@@ -11,32 +11,39 @@
 #include <vector>
 
 #include "../common.h"
+#include "../peer_monitor.h"
 #include "../status.h"
 
 namespace tfring {
 
-// Owns one MPI communicator; frees it when the last user lets go.
+// Owns one MPI communicator; frees it when the last user lets go. Carries
+// the peer monitor that lets a wait on it give up when a peer has died.
 class MPICommunicator {
  public:
-  explicit MPICommunicator(MPI_Comm comm);
+  explicit MPICommunicator(MPI_Comm comm, std::shared_ptr<PeerMonitor> monitor = nullptr);
   ~MPICommunicator();
   MPICommunicator(const MPICommunicator&) = delete;
   MPICommunicator& operator=(const MPICommunicator&) = delete;
   MPI_Comm get() const { return comm_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
+  const std::shared_ptr<PeerMonitor>& monitor() const { return monitor_; }
+  void set_monitor(std::shared_ptr<PeerMonitor> m) { monitor_ = std::move(m); }
+
+  // Waits for a non-blocking operation on this communicator. Negotiation
+  // (`spin` false) sleeps with backoff between polls so an idle rank does not
+  // burn a core; data movement (`spin` true) keeps polling, because MPI only
+  // makes progress inside MPI calls. Either way a dead peer ends the wait.
+  Status Wait(MPI_Request* request, const char* what, bool spin) const;
 
  private:
   MPI_Comm comm_;
+  std::shared_ptr<PeerMonitor> monitor_;
   int rank_ = 0;
   int size_ = 0;
 };
 
 Status MPIStatus(int code, const char* what);
-
-// Waits for a non-blocking MPI request, spinning briefly and then sleeping
-// with backoff so that a rank waiting on slower peers does not burn a core.
-Status MPIWaitYielding(MPI_Request* request, const char* what);
 
 // The MPI datatype for `dtype` (a 2-byte opaque type for float16/bfloat16).
 MPI_Datatype MPIDataType(DataType dtype);

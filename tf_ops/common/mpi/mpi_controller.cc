@@ -18,7 +18,7 @@ Status MPIController::GatherRequests(const std::string& mine, std::vector<std::s
   MPI_Request req;
   TFRING_RETURN_IF_ERROR(MPIStatus(
       MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm_->get(), &req), "Igather"));
-  TFRING_RETURN_IF_ERROR(MPIWaitYielding(&req, "Igather of request sizes"));
+  TFRING_RETURN_IF_ERROR(comm_->Wait(&req, "Igather of request sizes", false));
   std::vector<int> displs(lens.size(), 0);
   std::string flat;
   if (is_coordinator()) {
@@ -33,7 +33,7 @@ Status MPIController::GatherRequests(const std::string& mine, std::vector<std::s
       MPI_Igatherv(mine.data(), len, MPI_BYTE, &flat[0], lens.data(), displs.data(), MPI_BYTE, 0,
                    comm_->get(), &req),
       "Igatherv"));
-  TFRING_RETURN_IF_ERROR(MPIWaitYielding(&req, "Igatherv of requests"));
+  TFRING_RETURN_IF_ERROR(comm_->Wait(&req, "Igatherv of requests", false));
   if (is_coordinator()) {
     all->resize(n);
     for (int r = 0; r < n; ++r) (*all)[r] = flat.substr(displs[r], lens[r]);
@@ -46,11 +46,11 @@ Status MPIController::BroadcastResponses(std::string* bytes) {
   MPI_Request req;
   TFRING_RETURN_IF_ERROR(
       MPIStatus(MPI_Ibcast(&len, 1, MPI_INT64_T, 0, comm_->get(), &req), "Ibcast"));
-  TFRING_RETURN_IF_ERROR(MPIWaitYielding(&req, "Ibcast of response size"));
+  TFRING_RETURN_IF_ERROR(comm_->Wait(&req, "Ibcast of response size", false));
   bytes->resize(len);
   TFRING_RETURN_IF_ERROR(MPIStatus(
       MPI_Ibcast(&(*bytes)[0], static_cast<int>(len), MPI_BYTE, 0, comm_->get(), &req), "Ibcast"));
-  return MPIWaitYielding(&req, "Ibcast of responses");
+  return comm_->Wait(&req, "Ibcast of responses", false);
 }
 
 }  // namespace tfring

@@ -31,14 +31,19 @@ Status ToIntCounts(const std::vector<int64_t>& bytes, std::vector<int>* counts,
 Status MPIDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
   MPI_Op mpi_op;
   TFRING_RETURN_IF_ERROR(MPIReduceOp(dtype, op, &mpi_op));
-  // Split very large buffers so each call stays within MPI's int counts.
+  // Non-blocking collectives and a polling wait, so that a dead peer (noticed
+// by the communicator's peer monitor) ends the wait with an error.
+// Split very large buffers so each call stays within MPI's int counts.
   char* p = static_cast<char*>(buffer);
   const int64_t esize = DataTypeSize(dtype);
   for (int64_t done = 0; done < count;) {
     int64_t n = std::min(count - done, kMaxCount);
-    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, static_cast<int>(n),
-                                                   MPIDataType(dtype), mpi_op, comm_->get()),
-                                     "Allreduce"));
+    MPI_Request req;
+    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Iallreduce(MPI_IN_PLACE, p + done * esize,
+                                                    static_cast<int>(n), MPIDataType(dtype),
+                                                    mpi_op, comm_->get(), &req),
+                                     "Iallreduce"));
+    TFRING_RETURN_IF_ERROR(comm_->Wait(&req, "Iallreduce", true));
     done += n;
   }
   return Status::OK();
@@ -47,9 +52,12 @@ Status MPIDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype, Redu
 Status MPIDataPlane::Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) {
   std::vector<int> counts, displs;
   TFRING_RETURN_IF_ERROR(ToIntCounts(recv_bytes, &counts, &displs, "allgather"));
-  return MPIStatus(MPI_Allgatherv(send, counts[comm_->rank()], MPI_BYTE, recv, counts.data(),
-                                  displs.data(), MPI_BYTE, comm_->get()),
-                   "Allgatherv");
+  MPI_Request req;
+  TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Iallgatherv(send, counts[comm_->rank()], MPI_BYTE, recv,
+                                                   counts.data(), displs.data(), MPI_BYTE,
+                                                   comm_->get(), &req),
+                                   "Iallgatherv"));
+  return comm_->Wait(&req, "Iallgatherv", true);
 }
 
 Status MPIDataPlane::Broadcast(void* buffer, int64_t bytes, int root) {
@@ -57,8 +65,10 @@ Status MPIDataPlane::Broadcast(void* buffer, int64_t bytes, int root) {
   char* p = static_cast<char*>(buffer);
   for (int64_t done = 0; done < bytes;) {
     int64_t n = std::min(bytes - done, kMaxCount);
-    TFRING_RETURN_IF_ERROR(
-        MPIStatus(MPI_Bcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_->get()), "Bcast"));
+    MPI_Request req;
+    TFRING_RETURN_IF_ERROR(MPIStatus(
+        MPI_Ibcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_->get(), &req), "Ibcast"));
+    TFRING_RETURN_IF_ERROR(comm_->Wait(&req, "Ibcast", true));
     done += n;
   }
   return Status::OK();
@@ -69,9 +79,12 @@ Status MPIDataPlane::Alltoall(const void* send, const std::vector<int64_t>& send
   std::vector<int> scounts, sdispls, rcounts, rdispls;
   TFRING_RETURN_IF_ERROR(ToIntCounts(send_bytes, &scounts, &sdispls, "alltoall"));
   TFRING_RETURN_IF_ERROR(ToIntCounts(recv_bytes, &rcounts, &rdispls, "alltoall"));
-  return MPIStatus(MPI_Alltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv,
-                                 rcounts.data(), rdispls.data(), MPI_BYTE, comm_->get()),
-                   "Alltoallv");
+  MPI_Request req;
+  TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE,
+                                                  recv, rcounts.data(), rdispls.data(), MPI_BYTE,
+                                                  comm_->get(), &req),
+                                   "Ialltoallv"));
+  return comm_->Wait(&req, "Ialltoallv", true);
 }
 
 Status MPIDataPlane::Reducescatter(const void* send, void* recv,
@@ -81,11 +94,19 @@ Status MPIDataPlane::Reducescatter(const void* send, void* recv,
   TFRING_RETURN_IF_ERROR(MPIReduceOp(dtype, op, &mpi_op));
   std::vector<int> counts, displs;
   TFRING_RETURN_IF_ERROR(ToIntCounts(recv_counts, &counts, &displs, "reducescatter"));
-  return MPIStatus(MPI_Reduce_scatter(send, recv, counts.data(), MPIDataType(dtype), mpi_op,
-                                      comm_->get()),
-                   "Reduce_scatter");
+  MPI_Request req;
+  TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Ireduce_scatter(send, recv, counts.data(),
+                                                       MPIDataType(dtype), mpi_op, comm_->get(),
+                                                       &req),
+                                   "Ireduce_scatter"));
+  return comm_->Wait(&req, "Ireduce_scatter", true);
 }
 
-Status MPIDataPlane::Barrier() { return MPIStatus(MPI_Barrier(comm_->get()), "Barrier"); }
+Status MPIDataPlane::Barrier() {
+  MPI_Request req;
+  TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Ibarrier(comm_->get(), &req), "Ibarrier"));
+  // A barrier can wait long on a slow rank: sleep between polls.
+  return comm_->Wait(&req, "Ibarrier", false);
+}
 
 }  // namespace tfring

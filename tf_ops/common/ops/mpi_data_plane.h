@@ -1,5 +1,6 @@
-// The MPI data plane: each collective maps to the matching MPI collective on
-// the process set's communicator.
+// The MPI data plane: each collective maps to the matching non-blocking MPI
+// collective on the process set's communicator, waited for with polling so
+// that a dead peer ends the wait with an error instead of a hang.
 #ifndef TFRING_COMMON_OPS_MPI_DATA_PLANE_H
 #define TFRING_COMMON_OPS_MPI_DATA_PLANE_H
 

@@ -1,0 +1,51 @@
+#include "peer_monitor.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace tfring {
+
+PeerMonitor::PeerMonitor(int my_rank, const std::string& my_host, const std::vector<Peer>& peers,
+                         double interval_s)
+    : interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(interval_s))) {
+  for (const Peer& p : peers) {
+    if (p.rank != my_rank && p.host == my_host && p.pid > 0) local_.push_back(p);
+  }
+}
+
+bool PeerMonitor::ProcessAlive(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  // A zombie has exited; only its parent has not collected it yet.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return true;
+  char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+Status PeerMonitor::Check() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_.ok() || local_.empty()) return failed_;
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_check_ < interval_) return failed_;
+  last_check_ = now;
+  for (const Peer& p : local_) {
+    if (!ProcessAlive(p.pid)) {
+      failed_ = Status::Aborted(
+          "tfring stopped: rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) +
+          " on " + p.host +
+          ") has exited or was killed while other ranks still needed it for collectives. "
+          "Look at rank " + std::to_string(p.rank) + "'s own output for the cause.");
+      break;
+    }
+  }
+  return failed_;
+}
+
+}  // namespace tfring

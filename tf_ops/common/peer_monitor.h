@@ -1,0 +1,46 @@
+// Notices when another rank's process on this host has died, so that a rank
+// waiting for it in a collective fails with an error naming it instead of
+// hanging forever. (MPI itself may wait indefinitely on a dead peer.)
+// Peers on other hosts are watched by the launcher, which stops the job.
+#ifndef TFRING_COMMON_PEER_MONITOR_H
+#define TFRING_COMMON_PEER_MONITOR_H
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace tfring {
+
+class PeerMonitor {
+ public:
+  struct Peer {
+    int rank;
+    int pid;
+    std::string host;  // the real host name, not a TFRING_HOSTNAME override
+  };
+
+  // Watches the peers that share `my_host`, except `my_rank` itself.
+  PeerMonitor(int my_rank, const std::string& my_host, const std::vector<Peer>& peers,
+              double interval_s = 0.2);
+
+  // OK while every watched peer lives; otherwise an ABORTED status naming the
+  // first peer found dead (and the same status on every later call). Checks
+  // at most once per interval, so it is cheap to call in a polling loop.
+  Status Check();
+
+  static bool ProcessAlive(int pid);
+
+ private:
+  std::vector<Peer> local_;
+  std::chrono::steady_clock::duration interval_;
+  std::chrono::steady_clock::time_point last_check_;
+  std::mutex mu_;
+  Status failed_;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_PEER_MONITOR_H
