@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace tfring {
 
@@ -51,9 +52,31 @@ Config Config::FromEnvironment() {
   if (const char* v = GetConfigEnv("LOG_LEVEL")) c.log_level = ParseLogLevel(v, c.log_level);
   if (const char* v = GetConfigEnv("LOG_TIMESTAMPS")) c.log_timestamps = ParseBool(v);
   if (const char* v = GetConfigEnv("HOSTNAME")) c.hostname = v;
+  if (const char* v = GetConfigEnv("CPU_OPERATIONS")) {
+    c.cpu_operations = v;
+    std::transform(c.cpu_operations.begin(), c.cpu_operations.end(), c.cpu_operations.begin(),
+                   ::tolower);
+  }
+  if (const char* v = GetConfigEnv("SHM_MIN_BYTES")) c.shm_min_bytes = std::atoll(v);
+  if (const char* v = GetConfigEnv("CROSS_HOST_MIN_BYTES")) c.cross_host_min_bytes = std::atoll(v);
+  if (const char* v = GetConfigEnv("HIERARCHICAL_ALLREDUCE")) c.hierarchical_allreduce = ParseBool(v);
   if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;
   if (c.cycle_time_ms < 0) c.cycle_time_ms = 0;
   return c;
+}
+
+std::string Config::HostnameFor(int rank, const std::string& real_host) const {
+  if (hostname.empty()) return real_host;
+  if (hostname.find(',') == std::string::npos) return hostname;
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (true) {
+    size_t comma = hostname.find(',', start);
+    names.push_back(hostname.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return rank < static_cast<int>(names.size()) ? names[rank] : real_host;
 }
 
 }  // namespace tfring

@@ -23,8 +23,22 @@ struct Config {
   LogLevel log_level = LogLevel::WARNING;
   bool log_timestamps = false;
   // Overrides the host name used to group ranks into hosts (local_rank etc.);
-  // lets tests fake several hosts on one machine.
+  // lets tests fake several hosts on one machine. A comma-separated list is
+  // indexed by rank ("a,a,b,b": ranks 0-1 on host a, 2-3 on host b).
   std::string hostname;
+  // Which data planes CPU collectives may use: auto (shared memory within a
+  // host, ring across hosts, MPI for the rest), mpi, shm or ring.
+  std::string cpu_operations = "auto";
+  // In auto mode, the smallest message (bytes) sent through shared memory,
+  // and through the ring/hierarchical plane across hosts.
+  int64_t shm_min_bytes = 0;
+  int64_t cross_host_min_bytes = 0;
+  // Across hosts, reduce within each host first (hierarchical) instead of
+  // one flat ring.
+  bool hierarchical_allreduce = false;
+
+  // The host name this rank uses for topology, given the job-wide rank.
+  std::string HostnameFor(int rank, const std::string& real_host) const;
 
   static Config FromEnvironment();
 };

@@ -13,9 +13,144 @@ Controller::Controller(int rank, std::vector<int> global_ranks, const Config& co
     : rank_(rank),
       global_ranks_(std::move(global_ranks)),
       fusion_threshold_(config.fusion_threshold_bytes),
-      joined_(global_ranks_.size(), false) {}
+      joined_(global_ranks_.size(), false),
+      cache_(static_cast<int>(config.cache_capacity)),
+      hit_patience_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(
+              std::max(0.5, std::min(config.stall_check_time_s, 10.0) / 2)))) {}
+
+namespace {
+void SetBit(std::vector<uint64_t>& words, size_t offset, int bit) {
+  words[offset + bit / 64] |= uint64_t{1} << (bit % 64);
+}
+bool GetBit(const std::vector<uint64_t>& words, size_t offset, int bit) {
+  return (words[offset + bit / 64] >> (bit % 64)) & 1;
+}
+}  // namespace
 
 Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* out) {
+  if (!cache_.enabled()) {
+    for (const Request& r : mine.requests) negotiating_[r.name] = r;
+    TFRING_RETURN_IF_ERROR(NegotiateWithCoordinator(mine, out));
+    for (const Response& r : out->responses)
+      for (const auto& name : r.tensor_names) negotiating_.erase(name);
+    return Status::OK();
+  }
+  const auto now = std::chrono::steady_clock::now();
+  RequestList full;
+  full.shutdown = mine.shutdown;
+  full.shutdown_reason = mine.shutdown_reason;
+  full.requests.swap(deferred_);
+
+  const int capacity = cache_.capacity();
+  const size_t words_per_part = (capacity + 63) / 64;
+  // [0]: bit 0 clear if this rank needs the coordinator this cycle;
+  // [hits]: cache hits this rank has ready; [valid]: bits this rank did NOT
+  // find stale. AND over ranks gives "nobody needs the coordinator", "ready
+  // everywhere" and "stale somewhere" (by its complement).
+  const size_t hits = 1, valid = 1 + words_per_part;
+  std::vector<uint64_t> words(1 + 2 * words_per_part, 0);
+  std::fill(words.begin() + valid, words.end(), ~uint64_t{0});
+
+  for (const Request& req : mine.requests) {
+    if (req.type == CollectiveType::JOIN) join_pending_ = true;
+    if (ResponseCache::Cacheable(req.type)) {
+      int bit = cache_.Find(req.name);
+      if (bit >= 0 && cache_.Matches(bit, req)) {
+        pending_hits_[bit] = {req, now};
+        continue;
+      }
+      // Cached with another shape or op: every rank drops the entry.
+      if (bit >= 0) words[valid + bit / 64] &= ~(uint64_t{1} << (bit % 64));
+    }
+    full.requests.push_back(req);
+  }
+  for (auto it = pending_hits_.begin(); it != pending_hits_.end();) {
+    if (now - it->second.since > hit_patience_) {
+      full.requests.push_back(it->second.request);
+      words[valid + it->first / 64] &= ~(uint64_t{1} << (it->first % 64));
+      it = pending_hits_.erase(it);
+    } else {
+      SetBit(words, hits, it->first);
+      ++it;
+    }
+  }
+  if (join_pending_) {
+    // A joined rank takes part in every cached allreduce (with zeros); other
+    // cached collectives cannot run while it has joined, so it marks them
+    // stale and the ranks that want them get the coordinator's error.
+    for (int bit = 0; bit < capacity; ++bit) {
+      if (!cache_.Valid(bit)) continue;
+      if (cache_.Peek(bit).collective == CollectiveType::ALLREDUCE) {
+        SetBit(words, hits, bit);
+      } else {
+        words[valid + bit / 64] &= ~(uint64_t{1} << (bit % 64));
+      }
+    }
+  }
+  if (!full.requests.empty() || full.shutdown) words[0] = 0;
+  else words[0] = 1;
+  TFRING_RETURN_IF_ERROR(AllreduceBitsAnd(&words));
+
+  ResponseList result;
+  std::vector<Response> cached;
+  for (int bit = 0; bit < capacity; ++bit) {
+    if (!GetBit(words, valid, bit)) {
+      auto it = pending_hits_.find(bit);
+      if (it != pending_hits_.end()) {
+        deferred_.push_back(it->second.request);
+        pending_hits_.erase(it);
+      }
+      cache_.Evict(bit);
+    } else if (GetBit(words, hits, bit) && cache_.Valid(bit)) {
+      cached.push_back(cache_.Use(bit));
+      pending_hits_.erase(bit);
+    }
+  }
+  result.responses = Fuse(std::move(cached), fusion_threshold_);
+
+  if ((words[0] & 1) == 0) {
+    for (const Request& r : full.requests) negotiating_[r.name] = r;
+    ResponseList negotiated;
+    TFRING_RETURN_IF_ERROR(NegotiateWithCoordinator(full, &negotiated));
+    UpdateCache(negotiated);
+    result.shutdown = negotiated.shutdown;
+    result.shutdown_reason = negotiated.shutdown_reason;
+    for (auto& r : negotiated.responses) result.responses.push_back(std::move(r));
+  }
+  *out = std::move(result);
+  return Status::OK();
+}
+
+void Controller::UpdateCache(const ResponseList& negotiated) {
+  for (const Response& r : negotiated.responses) {
+    if (r.collective == CollectiveType::JOIN && r.type == ResponseType::COLLECTIVE) {
+      join_pending_ = false;
+    }
+    const bool cacheable = r.type == ResponseType::COLLECTIVE && ResponseCache::Cacheable(r.collective);
+    for (const Response& single : SplitResponse(r)) {
+      const std::string& name = single.tensor_names.empty() ? "" : single.tensor_names[0];
+      auto mine = negotiating_.find(name);
+      if (cacheable) cache_.Put(single, mine == negotiating_.end() ? nullptr : &mine->second);
+      if (mine != negotiating_.end()) negotiating_.erase(mine);
+    }
+    if (!cacheable) {
+      for (const auto& name : r.tensor_names) negotiating_.erase(name);
+    }
+  }
+  // Slots may have been reused for other tensors: a hit that no longer
+  // matches its slot is negotiated afresh next cycle.
+  for (auto it = pending_hits_.begin(); it != pending_hits_.end();) {
+    if (!cache_.Matches(it->first, it->second.request)) {
+      deferred_.push_back(it->second.request);
+      it = pending_hits_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Status Controller::NegotiateWithCoordinator(const RequestList& mine, ResponseList* out) {
   std::vector<std::string> all;
   TFRING_RETURN_IF_ERROR(GatherRequests(SerializeRequestList(mine), &all));
   std::string bytes;

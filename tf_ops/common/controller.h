@@ -11,12 +11,14 @@
 #define TFRING_COMMON_CONTROLLER_H
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "config.h"
 #include "message.h"
+#include "response_cache.h"
 #include "status.h"
 
 namespace tfring {
@@ -32,8 +34,12 @@ class Controller {
   bool is_coordinator() const { return rank_ == 0; }
 
   // One negotiation round. Every rank of the set must call it; it returns the
-  // same list on every rank.
+  // same list on every rank. Tensors that hit the response cache are agreed
+  // on by one bitwise-AND allreduce; only the rest (and shutdown, join,
+  // process-set changes) go through the coordinator.
   Status ComputeResponseList(const RequestList& mine, ResponseList* out);
+  // True while this rank holds cache hits that other ranks have not matched.
+  bool HasPendingHits() const { return !pending_hits_.empty() || !deferred_.empty(); }
 
   // --- Coordinator logic, public so it can be tested without a transport.
   void Ingest(const RequestList& list, int from_rank);
@@ -57,8 +63,14 @@ class Controller {
   virtual Status GatherRequests(const std::string& mine, std::vector<std::string>* all) = 0;
   // The coordinator's `bytes` reach every rank.
   virtual Status BroadcastResponses(std::string* bytes) = 0;
+  // Bitwise AND of `words` across the set's ranks, in place.
+  virtual Status AllreduceBitsAnd(std::vector<uint64_t>* words) = 0;
 
  private:
+  // The coordinator path: gather requests, decide, broadcast.
+  Status NegotiateWithCoordinator(const RequestList& mine, ResponseList* out);
+  // Records negotiated responses in the cache and settles this rank's hits.
+  void UpdateCache(const ResponseList& negotiated);
   struct PendingTensor {
     std::vector<Request> requests;  // index = set rank; valid where `received`
     std::vector<bool> received;
@@ -82,6 +94,20 @@ class Controller {
   bool shutdown_ = false;
   std::string shutdown_reason_;
   int32_t next_process_set_id_ = 1;
+
+  // --- Every rank: the response cache and this rank's side of it.
+  struct Hit {
+    Request request;
+    std::chrono::steady_clock::time_point since;
+  };
+  ResponseCache cache_;
+  std::map<int, Hit> pending_hits_;                       // bit -> my request
+  std::vector<Request> deferred_;                         // to negotiate next cycle
+  std::unordered_map<std::string, Request> negotiating_;  // sent to the coordinator
+  bool join_pending_ = false;
+  // Hits not matched by every rank within this long go to the coordinator,
+  // whose stall inspector can then say which ranks are missing.
+  std::chrono::steady_clock::duration hit_patience_;
 };
 
 }  // namespace tfring

@@ -46,13 +46,29 @@ struct GlobalState {
   std::thread background;
   std::atomic<int> add_counter{0};
   std::atomic<bool> comm_broken{false};
+
+  // Wakes the background thread when work arrives, so a cycle starts at once
+  // instead of at the next tick.
+  std::mutex wake_mu;
+  std::condition_variable wake_cv;
+  bool wake = false;
 };
+
 
 // Never destroyed: kernels may still hold callbacks into the core while the
 // process exits, and static destruction order is not ours to control.
 GlobalState& state() {
   static GlobalState* s = new GlobalState();
   return *s;
+}
+
+void WakeBackground() {
+  GlobalState& st = state();
+  {
+    std::lock_guard<std::mutex> lock(st.wake_mu);
+    st.wake = true;
+  }
+  st.wake_cv.notify_one();
 }
 
 void Complete(TensorTableEntry& e, const Status& s, int32_t result = -1) {
@@ -265,7 +281,7 @@ void PerformOperation(ProcessSet& ps, const Response& r) {
 // Runs one negotiation round on every process set this rank belongs to.
 // Returns false when the job is shutting down; `why` then says why, and
 // `broken` whether communication itself failed (a dead peer, an MPI error).
-bool RunLoopOnce(Status* why, bool* broken) {
+bool RunLoopOnce(Status* why, bool* broken, int* executed) {
   GlobalState& st = state();
   for (const auto& ps : st.process_sets.All()) {
     // A set removed earlier in this round is gone on every rank alike.
@@ -288,6 +304,7 @@ bool RunLoopOnce(Status* why, bool* broken) {
       return false;
     }
     for (const Response& r : responses.responses) PerformOperation(*ps, r);
+    *executed += static_cast<int>(responses.responses.size());
     if (ps->id == kGlobalProcessSetId && responses.shutdown) {
       *why = Status::Aborted("tfring has been shut down: " + responses.shutdown_reason +
                              ". Collectives can no longer run in this job.");
@@ -305,6 +322,7 @@ void RequestShutdown(const std::string& reason) {
     st.shutdown_reason = reason;
   }
   st.shutdown_requested = true;
+  WakeBackground();
 }
 
 // On each set's coordinator: warns about tensors some ranks have submitted
@@ -344,17 +362,44 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
   if (warn_due) *last_warning = std::chrono::steady_clock::now();
 }
 
+// True while this rank has collectives submitted and not yet completed.
+bool HasPendingWork() {
+  for (const auto& ps : state().process_sets.All()) {
+    if (!ps->included()) continue;
+    if (ps->queue.size() > 0 || ps->controller->HasPendingHits()) return true;
+  }
+  return false;
+}
+
+// The cycle: negotiate, run what is ready, then wait. A submission wakes the
+// thread at once, so an idle job answers a new collective without waiting
+// for a tick. Otherwise it waits TFRING_CYCLE_TIME while collectives are
+// pending (other ranks may not have submitted them yet), and backs off to
+// kIdleCap when there is nothing at all, so an idle job costs almost no CPU.
 void BackgroundLoop() {
   GlobalState& st = state();
-  const auto cycle = std::chrono::microseconds(static_cast<int64_t>(st.config.cycle_time_ms * 1000));
-  auto last_stall_warning = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto cycle = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::milli>(st.config.cycle_time_ms));
+  const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
+  auto idle_wait = cycle;
+  auto last_stall_warning = Clock::now();
   Status why;
   bool broken = false;
   while (true) {
-    auto start = std::chrono::steady_clock::now();
-    if (!RunLoopOnce(&why, &broken)) break;
+    int executed = 0;
+    if (!RunLoopOnce(&why, &broken, &executed)) break;
     CheckForStalls(&last_stall_warning);
-    std::this_thread::sleep_until(start + cycle);
+    Clock::duration wait = cycle;
+    if (executed == 0 && !HasPendingWork()) {
+      idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
+      wait = idle_wait;
+    } else {
+      idle_wait = cycle;
+    }
+    std::unique_lock<std::mutex> lock(st.wake_mu);
+    st.wake_cv.wait_for(lock, wait, [&] { return st.wake; });
+    st.wake = false;
   }
   {
     std::lock_guard<std::mutex> lock(st.enqueue_mu);
@@ -385,11 +430,12 @@ struct RankInfo {
 };
 
 Status ComputeTopology(ProcessSet& global, const Config& config, Topology* topo,
-                       std::vector<PeerMonitor::Peer>* peers, std::string* my_real_host) {
+                       std::vector<PeerMonitor::Peer>* peers, std::string* my_real_host,
+                       std::vector<std::string>* host_names) {
   RankInfo mine;
   std::memset(&mine, 0, sizeof(mine));
   gethostname(mine.real_host, RankInfo::kHostBytes - 1);
-  std::strncpy(mine.host, config.hostname.empty() ? mine.real_host : config.hostname.c_str(),
+  std::strncpy(mine.host, config.HostnameFor(global.rank, mine.real_host).c_str(),
                RankInfo::kHostBytes - 1);
   mine.pid = getpid();
   const int n = global.size();
@@ -402,6 +448,7 @@ Status ComputeTopology(ProcessSet& global, const Config& config, Topology* topo,
     peers->push_back({r, static_cast<int>(all[r].pid), std::string(all[r].real_host)});
   }
   *my_real_host = mine.real_host;
+  *host_names = hosts;
   topo->rank = global.rank;
   topo->size = n;
   std::vector<int> local_rank(n), local_size(n);
@@ -447,16 +494,25 @@ Status InitializeMPI(int64_t fortran_comm) {
   st.shutdown_reason.clear();
   std::unique_ptr<MPIBackend> backend;
   TFRING_RETURN_IF_ERROR(MPIBackend::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)), &backend));
-  auto global = std::make_shared<ProcessSet>();
-  global->id = kGlobalProcessSetId;
-  for (int r = 0; r < backend->size(); ++r) global->ranks.push_back(r);
-  TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(global.get(), st.config));
+  SetLogging(st.config.log_level, st.config.log_timestamps, backend->rank());
+  // A first, MPI-only global set learns the topology; the real one is then
+  // built knowing which ranks share a host (for shared memory).
+  auto bootstrap = std::make_shared<ProcessSet>();
+  for (int r = 0; r < backend->size(); ++r) bootstrap->ranks.push_back(r);
+  TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(bootstrap.get(), st.config));
   Topology topo;
   std::vector<PeerMonitor::Peer> peers;
   std::string real_host;
-  TFRING_RETURN_IF_ERROR(ComputeTopology(*global, st.config, &topo, &peers, &real_host));
+  std::vector<std::string> hosts;
+  TFRING_RETURN_IF_ERROR(
+      ComputeTopology(*bootstrap, st.config, &topo, &peers, &real_host, &hosts));
   backend->set_peer_monitor(std::make_shared<PeerMonitor>(topo.rank, real_host, peers));
-  SetLogging(st.config.log_level, st.config.log_timestamps, topo.rank);
+  backend->set_hosts(hosts);
+  auto global = std::make_shared<ProcessSet>();
+  global->id = kGlobalProcessSetId;
+  global->ranks = bootstrap->ranks;
+  TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(global.get(), st.config));
+  bootstrap.reset();
 
   st.topo = topo;
   st.backend = std::move(backend);
@@ -551,7 +607,9 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
                                    " is not a member of process set " +
                                    std::to_string(process_set_id) + " (ranks [" + ranks + "])");
   }
-  return ps->queue.Add(std::move(entry), ps->rank);
+  TFRING_RETURN_IF_ERROR(ps->queue.Add(std::move(entry), ps->rank));
+  WakeBackground();
+  return Status::OK();
 }
 
 namespace {

@@ -23,9 +23,16 @@ class MPIBackend : public Backend {
   void set_peer_monitor(std::shared_ptr<PeerMonitor> monitor) override {
     global_->set_monitor(std::move(monitor));
   }
+  void set_hosts(std::vector<std::string> hosts) override { hosts_ = std::move(hosts); }
 
  private:
+  // The data planes for a set over `comm` whose rank i runs on hosts[i].
+  std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<MPICommunicator>& comm,
+                                           const std::vector<std::string>& hosts,
+                                           const Config& config);
+
   std::shared_ptr<MPICommunicator> global_;
+  std::vector<std::string> hosts_;  // by job-wide rank; empty until topology is known
   bool threads_supported_ = false;
 };
 

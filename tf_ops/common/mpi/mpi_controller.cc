@@ -53,4 +53,13 @@ Status MPIController::BroadcastResponses(std::string* bytes) {
   return comm_->Wait(&req, "Ibcast of responses", false);
 }
 
+Status MPIController::AllreduceBitsAnd(std::vector<uint64_t>* words) {
+  MPI_Request req;
+  TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Iallreduce(MPI_IN_PLACE, words->data(),
+                                                  static_cast<int>(words->size()), MPI_UINT64_T,
+                                                  MPI_BAND, comm_->get(), &req),
+                                   "Iallreduce"));
+  return comm_->Wait(&req, "Iallreduce of cache bits", false);
+}
+
 }  // namespace tfring

@@ -19,6 +19,7 @@ class MPIController : public Controller {
  protected:
   Status GatherRequests(const std::string& mine, std::vector<std::string>* all) override;
   Status BroadcastResponses(std::string* bytes) override;
+  Status AllreduceBitsAnd(std::vector<uint64_t>* words) override;
 
  private:
   std::shared_ptr<MPICommunicator> comm_;

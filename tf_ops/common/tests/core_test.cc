@@ -13,6 +13,7 @@
 #include "../fusion_buffer.h"
 #include "../message.h"
 #include "../reduction.h"
+#include "../response_cache.h"
 
 using namespace tfring;
 
@@ -43,6 +44,7 @@ class LocalController : public Controller {
     return Status::Unknown("not used");
   }
   Status BroadcastResponses(std::string*) override { return Status::Unknown("not used"); }
+  Status AllreduceBitsAnd(std::vector<uint64_t>*) override { return Status::Unknown("not used"); }
 
  private:
   static std::vector<int> Ranks(int n) {
@@ -303,7 +305,42 @@ static void TestArithmetic() {
   CHECK(!ReduceInto(a, b, 3, DataType::INT32, ReduceOp::AVERAGE).ok());
 }
 
+static void TestResponseCache() {
+  ResponseCache cache(2);
+  auto response = [](const std::string& name, int64_t n) {
+    Response r;
+    r.tensor_names = {name};
+    r.tensor_sizes = {n};
+    return r;
+  };
+  Request a = Req(0, "a"), b = Req(0, "b"), c = Req(0, "c");
+  cache.Put(response("a", 4), &a);
+  cache.Put(response("b", 4), &b);
+  const int bit_a = cache.Find("a"), bit_b = cache.Find("b");
+  CHECK(bit_a >= 0 && bit_b >= 0 && bit_a != bit_b);
+  CHECK(cache.Matches(bit_a, a) && !cache.Matches(bit_a, b));
+  Request a_bigger = Req(0, "a", CollectiveType::ALLREDUCE, DataType::FLOAT32, {8});
+  CHECK(!cache.Matches(bit_a, a_bigger));  // same name, other shape: a miss
+  cache.Use(bit_a);                         // b is now least recently used
+  cache.Put(response("c", 4), &c);
+  CHECK(cache.Find("b") == -1 && cache.Find("c") == bit_b && cache.Find("a") == bit_a);
+  cache.Put(response("a", 8), &a_bigger);   // replaces a's entry in place
+  CHECK(cache.Find("a") == bit_a && cache.Matches(bit_a, a_bigger));
+  cache.Put(response("j", 4), nullptr);     // a rank that never submitted "j"
+  CHECK(!cache.Matches(cache.Find("j"), Req(0, "j")));
+  cache.Evict(cache.Find("j"));
+  CHECK(cache.Find("j") == -1);
+  CHECK(!ResponseCache(0).enabled());
+
+  Response fused = response("x", 3);
+  fused.tensor_names = {"x", "y"};
+  fused.tensor_sizes = {3, 5};
+  auto parts = SplitResponse(fused);
+  CHECK(parts.size() == 2 && parts[1].tensor_names[0] == "y" && parts[1].tensor_sizes[0] == 5);
+}
+
 int main() {
+  TestResponseCache();
   TestSerialization();
   TestFusionLayout();
   TestReadinessAndOrder();

@@ -1,0 +1,57 @@
+// Chooses, per collective, which data plane runs it: the shared-memory plane
+// for ranks on one host when the message is big enough to gain from it, the
+// ring (or hierarchical) plane across hosts, and MPI for everything else.
+// It is itself a DataPlane, so the core never knows which plane ran what
+// except through last_used() (for the timeline).
+#ifndef TFRING_COMMON_OPS_DATA_PLANE_SELECTOR_H
+#define TFRING_COMMON_OPS_DATA_PLANE_SELECTOR_H
+
+#include <atomic>
+#include <memory>
+
+#include "data_plane.h"
+
+namespace tfring {
+
+struct DataPlaneChoice {
+  // Messages of at least this many bytes use `shm` (when present).
+  int64_t shm_min_bytes = 0;
+  // Messages of at least this many bytes use `cross_host` (when present).
+  int64_t cross_host_min_bytes = 0;
+};
+
+class DataPlaneSelector : public DataPlane {
+ public:
+  // `mpi` is required; `shm` (all ranks on one host) and `cross_host` (ring or
+  // hierarchical, ranks on several hosts) may be null.
+  DataPlaneSelector(std::unique_ptr<DataPlane> mpi, std::unique_ptr<DataPlane> shm,
+                    std::unique_ptr<DataPlane> cross_host, DataPlaneChoice choice);
+
+  const char* name() const override { return "selector"; }
+  // The name of the plane that ran the most recent collective.
+  const char* last_used() const { return last_used_.load(); }
+  void set_choice(const DataPlaneChoice& choice) { choice_ = choice; }
+  const DataPlaneChoice& choice() const { return choice_; }
+  bool has_shm() const { return shm_ != nullptr; }
+  bool has_cross_host() const { return cross_host_ != nullptr; }
+
+  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
+  Status Broadcast(void* buffer, int64_t bytes, int root) override;
+  Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                  const std::vector<int64_t>& recv_bytes) override;
+  Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
+                       DataType dtype, ReduceOp op) override;
+  Status Barrier() override;
+
+ private:
+  DataPlane* Pick(int64_t bytes);
+
+  std::unique_ptr<DataPlane> mpi_, shm_, cross_host_;
+  DataPlaneChoice choice_;
+  std::atomic<const char*> last_used_{"MPI"};
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_OPS_DATA_PLANE_SELECTOR_H
