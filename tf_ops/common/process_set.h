@@ -57,6 +57,9 @@ class Backend {
   virtual bool threads_supported() const = 0;
   // Lets waits give up when a peer process dies (see PeerMonitor).
   virtual void set_peer_monitor(std::shared_ptr<PeerMonitor> monitor) = 0;
+  // The host of every job-wide rank; sets created afterwards can use
+  // shared memory within a host. Until then sets use plain MPI.
+  virtual void set_hosts(std::vector<std::string> hosts) = 0;
 };
 
 }  // namespace tfring
