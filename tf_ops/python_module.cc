@@ -75,6 +75,10 @@ PYBIND11_MODULE(_tfring_ops, m) {
     return py::make_tuple(static_cast<int>(s.code()), s.message(), rank, ranks);
   });
   m.def("process_set_ids", &tfring::ProcessSetIds);
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    return StatusTuple(tfring::StartTimeline(path, mark_cycles));
+  });
+  m.def("stop_timeline", &tfring::StopTimeline);
 #ifdef TFRING_WITH_NCCL
   m.attr("nccl_built") = true;
 #else

@@ -190,6 +190,7 @@ void Controller::Ingest(const RequestList& list, int from_rank) {
       arrival_order_.push_back(req.name);
     }
     PendingTensor& p = it->second;
+    if (timeline_) timeline_->NegotiateRankReady(req.name, global_ranks_[from_rank]);
     if (!p.received[from_rank]) {
       p.received[from_rank] = true;
       ++p.count;

@@ -20,6 +20,7 @@
 #include "message.h"
 #include "response_cache.h"
 #include "status.h"
+#include "timeline.h"
 
 namespace tfring {
 
@@ -57,6 +58,8 @@ class Controller {
   std::vector<std::pair<Stall, std::vector<int>>> StalledTensors(double seconds) const;
   // Ids handed out for new process sets (the global set's coordinator only).
   void set_next_process_set_id(int32_t id) { next_process_set_id_ = id; }
+  // Where the coordinator records which rank became ready when (may be null).
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  protected:
   // Coordinator receives every rank's bytes in `all` (index = set rank).
@@ -83,6 +86,7 @@ class Controller {
 
   int rank_;
   std::vector<int> global_ranks_;
+  Timeline* timeline_ = nullptr;
   int64_t fusion_threshold_;
 
   std::unordered_map<std::string, PendingTensor> pending_;

@@ -14,6 +14,7 @@
 #include "mpi/mpi_backend.h"
 #include "process_set.h"
 #include "reduction.h"
+#include "timeline.h"
 
 namespace tfring {
 
@@ -46,6 +47,7 @@ struct GlobalState {
   std::thread background;
   std::atomic<int> add_counter{0};
   std::atomic<bool> comm_broken{false};
+  Timeline timeline;
 
   // Wakes the background thread when work arrives, so a cycle starts at once
   // instead of at the next tick.
@@ -72,7 +74,21 @@ void WakeBackground() {
 }
 
 void Complete(TensorTableEntry& e, const Status& s, int32_t result = -1) {
+  state().timeline.End(e.name);
   if (e.callback) e.callback(s, result);
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Records one phase of running `names` on the timeline, e.g. "MPI_ALLREDUCE".
+void Phase(const std::vector<std::string>& names, const std::string& what, Clock::time_point start) {
+  Timeline& t = state().timeline;
+  if (!t.enabled()) return;
+  for (const auto& name : names) t.Activity(name, what, start);
+}
+
+std::string PlanePhase(const ProcessSet& ps, CollectiveType type) {
+  return std::string(ps.data_plane->last_used()) + "_" + CollectiveName(type);
 }
 
 // --- Executing responses -------------------------------------------------
@@ -92,13 +108,16 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
     const int64_t count = r.tensor_sizes[0];
     if (e.output != e.input) std::memcpy(e.output, e.input, count * esize);
     s = ScaleBuffer(e.output, count, r.dtype, r.prescale_factor);
+    const auto start = Clock::now();
     if (s.ok()) s = ps.data_plane->Allreduce(e.output, count, r.dtype, op);
+    Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLREDUCE), start);
     if (s.ok())
       s = FinishReduction(e.output, count, r.dtype, r.reduce_op, r.postscale_factor, ps.size());
   } else {
     std::vector<int64_t> bytes(n);
     for (size_t i = 0; i < n; ++i) bytes[i] = r.tensor_sizes[i] * esize;
     FusionLayout layout = PlanFusion(bytes);
+    auto start = Clock::now();
     char* buf = static_cast<char*>(ps.fusion_buffer.Get(layout.total_bytes));
     for (size_t i = 0; i < n; ++i) {
       // A rank that has joined contributes zeros for tensors it never submitted.
@@ -110,12 +129,17 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
     }
     const int64_t count = layout.total_bytes / esize;
     s = ScaleBuffer(buf, count, r.dtype, r.prescale_factor);
+    Phase(r.tensor_names, "MEMCPY_IN_FUSION_BUFFER", start);
+    start = Clock::now();
     if (s.ok()) s = ps.data_plane->Allreduce(buf, count, r.dtype, op);
+    Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLREDUCE), start);
+    start = Clock::now();
     if (s.ok()) s = FinishReduction(buf, count, r.dtype, r.reduce_op, r.postscale_factor, ps.size());
     if (s.ok()) {
       for (size_t i = 0; i < n; ++i)
         if (have[i]) std::memcpy(entries[i].output, buf + layout.offsets[i], bytes[i]);
     }
+    Phase(r.tensor_names, "MEMCPY_OUT_FUSION_BUFFER", start);
   }
   for (size_t i = 0; i < n; ++i)
     if (have[i]) Complete(entries[i], s);
@@ -153,7 +177,9 @@ void PerformAllgather(ProcessSet& ps, const Response& r) {
   std::vector<char> scratch;
   Status alloc;
   void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  const auto start = Clock::now();
   Status s = ps.data_plane->Allgather(e.input, out, recv_bytes);
+  Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLGATHER), start);
   Complete(e, alloc.ok() ? s : alloc);
 }
 
@@ -162,7 +188,10 @@ void PerformBroadcast(ProcessSet& ps, const Response& r) {
   if (!ps.queue.Take(r.tensor_names[0], &e)) return;
   const int64_t bytes = e.input_bytes();
   if (ps.rank == r.root_rank && e.output != e.input) std::memcpy(e.output, e.input, bytes);
-  Complete(e, ps.data_plane->Broadcast(e.output, bytes, r.root_rank));
+  const auto start = Clock::now();
+  Status s = ps.data_plane->Broadcast(e.output, bytes, r.root_rank);
+  Phase(r.tensor_names, PlanePhase(ps, CollectiveType::BROADCAST), start);
+  Complete(e, s);
 }
 
 void PerformAlltoall(ProcessSet& ps, const Response& r) {
@@ -182,7 +211,9 @@ void PerformAlltoall(ProcessSet& ps, const Response& r) {
   std::vector<char> scratch;
   Status alloc;
   void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  const auto start = Clock::now();
   Status s = ps.data_plane->Alltoall(e.input, send, out, recv);
+  Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLTOALL), start);
   if (s.ok() && alloc.ok() && e.set_received_splits) e.set_received_splits(received_splits);
   Complete(e, alloc.ok() ? s : alloc);
 }
@@ -210,7 +241,9 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
   std::vector<char> scratch;
   Status alloc;
   void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  const auto start = Clock::now();
   Status rs = ps.data_plane->Reducescatter(send, out, counts, e.dtype, op);
+  Phase(r.tensor_names, PlanePhase(ps, CollectiveType::REDUCESCATTER), start);
   if (s.ok()) s = rs;
   if (s.ok()) s = FinishReduction(out, counts[ps.rank], e.dtype, r.reduce_op, r.postscale_factor, n);
   Complete(e, alloc.ok() ? s : alloc);
@@ -224,6 +257,7 @@ void PerformAddProcessSet(ProcessSet& global, const Response& r) {
   set->ranks.assign(r.ranks.begin(), r.ranks.end());
   // Every rank takes part in creating the communicator, members or not.
   Status s = state().backend->CreateProcessSet(set.get(), state().config);
+  if (s.ok() && set->controller) set->controller->set_timeline(&state().timeline);
   if (s.ok()) state().process_sets.Add(set);
   if (have) Complete(e, s, set->id);
 }
@@ -283,6 +317,7 @@ void PerformOperation(ProcessSet& ps, const Response& r) {
 // `broken` whether communication itself failed (a dead peer, an MPI error).
 bool RunLoopOnce(Status* why, bool* broken, int* executed) {
   GlobalState& st = state();
+  st.timeline.MarkCycle();
   for (const auto& ps : st.process_sets.All()) {
     // A set removed earlier in this round is gone on every rank alike.
     if (!ps->included() || !st.process_sets.Get(ps->id)) continue;
@@ -302,6 +337,10 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed) {
                  : Status::Aborted("tfring stopped after a communication failure in process "
                                    "set " + std::to_string(ps->id) + ": " + s.message());
       return false;
+    }
+    if (st.timeline.enabled()) {
+      for (const Response& r : responses.responses)
+        for (const auto& name : r.tensor_names) st.timeline.NegotiateEnd(name);
     }
     for (const Response& r : responses.responses) PerformOperation(*ps, r);
     *executed += static_cast<int>(responses.responses.size());
@@ -407,6 +446,7 @@ void BackgroundLoop() {
     st.stopped_status = why;
   }
   for (const auto& ps : st.process_sets.All()) ps->queue.FailAll(why);
+  st.timeline.Stop();
   if (broken) {
     // MPI operations may still be pending on these communicators and a peer
     // is gone: freeing them could block. They are left to the process's end.
@@ -514,6 +554,10 @@ Status InitializeMPI(int64_t fortran_comm) {
   TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(global.get(), st.config));
   bootstrap.reset();
 
+  if (topo.rank == 0 && !st.config.timeline_path.empty()) {
+    TFRING_RETURN_IF_ERROR(st.timeline.Start(st.config.timeline_path, st.config.timeline_mark_cycles));
+  }
+  global->controller->set_timeline(&st.timeline);
   st.topo = topo;
   st.backend = std::move(backend);
   st.process_sets.Clear();
@@ -607,6 +651,7 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
                                    " is not a member of process set " +
                                    std::to_string(process_set_id) + " (ranks [" + ranks + "])");
   }
+  if (st.timeline.enabled()) st.timeline.NegotiateStart(entry.name, CollectiveName(entry.type));
   TFRING_RETURN_IF_ERROR(ps->queue.Add(std::move(entry), ps->rank));
   WakeBackground();
   return Status::OK();
@@ -660,5 +705,13 @@ std::vector<int32_t> ProcessSetIds() {
   for (const auto& ps : state().process_sets.All()) ids.push_back(ps->id);
   return ids;
 }
+
+Status StartTimeline(const std::string& path, bool mark_cycles) {
+  TFRING_RETURN_IF_ERROR(CheckInitialized());
+  if (Rank() != 0) return Status::OK();  // rank 0 writes the timeline
+  return state().timeline.Start(path, mark_cycles);
+}
+
+void StopTimeline() { state().timeline.Stop(); }
 
 }  // namespace tfring

@@ -52,6 +52,11 @@ Status RemoveProcessSet(int32_t id);
 Status GetProcessSet(int32_t id, int* rank, std::vector<int>* ranks);
 std::vector<int32_t> ProcessSetIds();
 
+// Starts/stops recording the timeline (Chrome trace JSON). Only rank 0
+// writes; on other ranks these do nothing.
+Status StartTimeline(const std::string& path, bool mark_cycles);
+void StopTimeline();
+
 }  // namespace tfring
 
 #endif  // TFRING_COMMON_OPERATIONS_H

@@ -196,6 +196,31 @@ def is_homogeneous():
     """True when every host runs the same number of ranks."""
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Starts recording a timeline (Chrome trace JSON; open it in Perfetto).
+
+    Every rank may call it; rank 0 writes the file. TFRING_TIMELINE=path does
+    the same from the start of the job.
+
+    Args:
+        file_path: where rank 0 writes the trace.
+        mark_cycles: also mark each negotiation cycle.
+
+    Raises:
+        tf.errors.FailedPreconditionError: before init().
+        tf.errors.InvalidArgumentError: the file cannot be opened.
+
+    Example:
+        >>> hvd.start_timeline("/tmp/timeline.json")
+    """
+    _check(_core().start_timeline(os.path.abspath(file_path), bool(mark_cycles)))
+
+
+def stop_timeline():
+    """Stops recording and closes the timeline file, leaving valid JSON."""
+    _core().stop_timeline()
+
+
 def mpi_threads_supported():
     """True when MPI runs with MPI_THREAD_MULTIPLE."""
     _require_init()

@@ -8,6 +8,7 @@ Example:
 from tfring.common.basics import (cross_rank, cross_size, cuda_built, gloo_built, gloo_enabled,
                                   init, is_homogeneous, is_initialized, local_rank, local_size,
                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                  start_timeline, stop_timeline,
                                   rocm_built, shutdown, size)
 from tfring.common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                         remove_process_set)

@@ -16,6 +16,8 @@ class DataPlane {
  public:
   virtual ~DataPlane() = default;
   virtual const char* name() const = 0;
+  // The plane that ran the latest collective (itself, unless it delegates).
+  virtual const char* last_used() const { return name(); }
 
   // In place over `count` elements. `op` is SUM, MIN, MAX or PRODUCT:
   // averaging and scaling are the core's job.

@@ -29,7 +29,7 @@ class DataPlaneSelector : public DataPlane {
 
   const char* name() const override { return "selector"; }
   // The name of the plane that ran the most recent collective.
-  const char* last_used() const { return last_used_.load(); }
+  const char* last_used() const override { return last_used_.load(); }
   void set_choice(const DataPlaneChoice& choice) { choice_ = choice; }
   const DataPlaneChoice& choice() const { return choice_; }
   bool has_shm() const { return shm_ != nullptr; }
