@@ -79,6 +79,15 @@ PYBIND11_MODULE(_tfring_ops, m) {
     return StatusTuple(tfring::StartTimeline(path, mark_cycles));
   });
   m.def("stop_timeline", &tfring::StopTimeline);
+  m.def("runtime_params", []() {
+    tfring::RuntimeParams p = tfring::GetRuntimeParams();
+    py::dict d;
+    d["fusion_threshold_bytes"] = p.fusion_threshold_bytes;
+    d["cycle_time_ms"] = p.cycle_time_ms;
+    d["shm_min_bytes"] = p.shm_min_bytes;
+    d["autotune_done"] = p.autotune_done;
+    return d;
+  });
 #ifdef TFRING_WITH_NCCL
   m.attr("nccl_built") = true;
 #else

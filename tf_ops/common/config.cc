@@ -60,6 +60,11 @@ Config Config::FromEnvironment() {
   if (const char* v = GetConfigEnv("SHM_MIN_BYTES")) c.shm_min_bytes = std::atoll(v);
   if (const char* v = GetConfigEnv("CROSS_HOST_MIN_BYTES")) c.cross_host_min_bytes = std::atoll(v);
   if (const char* v = GetConfigEnv("HIERARCHICAL_ALLREDUCE")) c.hierarchical_allreduce = ParseBool(v);
+  if (const char* v = GetConfigEnv("AUTOTUNE")) c.autotune = ParseBool(v);
+  if (const char* v = GetConfigEnv("AUTOTUNE_LOG")) c.autotune_log = v;
+  if (const char* v = GetConfigEnv("AUTOTUNE_WARMUP_SAMPLES")) c.autotune_warmup_samples = std::atoi(v);
+  if (const char* v = GetConfigEnv("AUTOTUNE_STEPS_PER_SAMPLE"))
+    c.autotune_steps_per_sample = std::atoi(v);
   if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;
   if (c.cycle_time_ms < 0) c.cycle_time_ms = 0;
   return c;

@@ -36,6 +36,11 @@ struct Config {
   // Across hosts, reduce within each host first (hierarchical) instead of
   // one flat ring.
   bool hierarchical_allreduce = false;
+  // Autotune (see parameter_manager.h).
+  bool autotune = false;
+  std::string autotune_log;
+  int autotune_warmup_samples = 3;
+  int autotune_steps_per_sample = 10;
 
   // The host name this rank uses for topology, given the job-wide rank.
   std::string HostnameFor(int rank, const std::string& real_host) const;

@@ -88,8 +88,9 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
       }
     }
   }
-  if (!full.requests.empty() || full.shutdown) words[0] = 0;
-  else words[0] = 1;
+  const bool must_negotiate =
+      !full.requests.empty() || full.shutdown || params_to_send_.has_params;
+  words[0] = must_negotiate ? 0 : 1;
   TFRING_RETURN_IF_ERROR(AllreduceBitsAnd(&words));
 
   ResponseList result;
@@ -116,6 +117,10 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
     UpdateCache(negotiated);
     result.shutdown = negotiated.shutdown;
     result.shutdown_reason = negotiated.shutdown_reason;
+    result.has_params = negotiated.has_params;
+    result.fusion_threshold_bytes = negotiated.fusion_threshold_bytes;
+    result.cycle_time_ms = negotiated.cycle_time_ms;
+    result.shm_min_bytes = negotiated.shm_min_bytes;
     for (auto& r : negotiated.responses) result.responses.push_back(std::move(r));
   }
   *out = std::move(result);
@@ -457,10 +462,25 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
   return resp;
 }
 
+void Controller::SendParams(int64_t fusion_threshold_bytes, double cycle_time_ms,
+                            int64_t shm_min_bytes) {
+  params_to_send_.has_params = true;
+  params_to_send_.fusion_threshold_bytes = fusion_threshold_bytes;
+  params_to_send_.cycle_time_ms = cycle_time_ms;
+  params_to_send_.shm_min_bytes = shm_min_bytes;
+}
+
 ResponseList Controller::BuildResponseList() {
   ResponseList out;
   out.shutdown = shutdown_;
   out.shutdown_reason = shutdown_reason_;
+  if (params_to_send_.has_params) {
+    out.has_params = true;
+    out.fusion_threshold_bytes = params_to_send_.fusion_threshold_bytes;
+    out.cycle_time_ms = params_to_send_.cycle_time_ms;
+    out.shm_min_bytes = params_to_send_.shm_min_bytes;
+    params_to_send_.has_params = false;
+  }
   std::vector<Response> ready;
   std::vector<std::string> still_pending;
   for (const std::string& name : arrival_order_) {

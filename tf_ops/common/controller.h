@@ -58,6 +58,10 @@ class Controller {
   std::vector<std::pair<Stall, std::vector<int>>> StalledTensors(double seconds) const;
   // Ids handed out for new process sets (the global set's coordinator only).
   void set_next_process_set_id(int32_t id) { next_process_set_id_ = id; }
+  // Coordinator: send these autotuned values to every rank in the next cycle.
+  void SendParams(int64_t fusion_threshold_bytes, double cycle_time_ms, int64_t shm_min_bytes);
+  int64_t fusion_threshold() const { return fusion_threshold_; }
+  void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   // Where the coordinator records which rank became ready when (may be null).
   void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
@@ -98,6 +102,7 @@ class Controller {
   bool shutdown_ = false;
   std::string shutdown_reason_;
   int32_t next_process_set_id_ = 1;
+  ResponseList params_to_send_;  // only its has_params and value fields are used
 
   // --- Every rank: the response cache and this rank's side of it.
   struct Hit {

@@ -139,6 +139,10 @@ std::string SerializeResponseList(const ResponseList& list) {
   w.Pod(kResponseMagic);
   w.Pod<uint8_t>(list.shutdown);
   w.Str(list.shutdown_reason);
+  w.Pod<uint8_t>(list.has_params);
+  w.Pod(list.fusion_threshold_bytes);
+  w.Pod(list.cycle_time_ms);
+  w.Pod(list.shm_min_bytes);
   w.Pod<uint64_t>(list.responses.size());
   for (const auto& r : list.responses) {
     w.Pod(static_cast<int32_t>(r.type));
@@ -163,12 +167,16 @@ Status ParseResponseList(const std::string& bytes, ResponseList* list) {
   uint32_t magic = 0;
   uint8_t shutdown = 0;
   uint64_t n = 0;
+  uint8_t has_params = 0;
   const Status bad = Status::Unknown("tfring: malformed response list received during negotiation");
   if (!rd.Pod(&magic) || magic != kResponseMagic || !rd.Pod(&shutdown) ||
-      !rd.Str(&list->shutdown_reason) || !rd.Pod(&n)) {
+      !rd.Str(&list->shutdown_reason) || !rd.Pod(&has_params) ||
+      !rd.Pod(&list->fusion_threshold_bytes) || !rd.Pod(&list->cycle_time_ms) ||
+      !rd.Pod(&list->shm_min_bytes) || !rd.Pod(&n)) {
     return bad;
   }
   list->shutdown = shutdown != 0;
+  list->has_params = has_params != 0;
   list->responses.clear();
   for (uint64_t i = 0; i < n; ++i) {
     Response r;

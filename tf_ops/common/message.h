@@ -72,6 +72,11 @@ struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
   std::string shutdown_reason;
+  // Autotune: new values every rank applies after this cycle.
+  bool has_params = false;
+  int64_t fusion_threshold_bytes = 0;
+  double cycle_time_ms = 0;
+  int64_t shm_min_bytes = 0;
 };
 
 std::string SerializeRequestList(const RequestList& list);

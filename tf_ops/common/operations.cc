@@ -12,6 +12,8 @@
 
 #include "logging.h"
 #include "mpi/mpi_backend.h"
+#include "ops/data_plane_selector.h"
+#include "parameter_manager.h"
 #include "process_set.h"
 #include "reduction.h"
 #include "timeline.h"
@@ -48,6 +50,11 @@ struct GlobalState {
   std::atomic<int> add_counter{0};
   std::atomic<bool> comm_broken{false};
   Timeline timeline;
+  // Values autotune may change at run time (the same on every rank).
+  std::atomic<double> cycle_time_ms{1.0};
+  std::atomic<int64_t> fusion_threshold_bytes{0};
+  std::atomic<int64_t> shm_min_bytes{0};
+  std::unique_ptr<ParameterManager> tuner;  // global rank 0, TFRING_AUTOTUNE=1
 
   // Wakes the background thread when work arrives, so a cycle starts at once
   // instead of at the next tick.
@@ -312,6 +319,38 @@ void PerformOperation(ProcessSet& ps, const Response& r) {
 
 // --- The background loop ---------------------------------------------------
 
+// Bytes reduced by a cycle's responses: autotune's measure of progress.
+int64_t ReducedBytes(const ResponseList& list) {
+  int64_t bytes = 0;
+  for (const Response& r : list.responses) {
+    if (r.type != ResponseType::COLLECTIVE) continue;
+    if (r.collective != CollectiveType::ALLREDUCE && r.collective != CollectiveType::REDUCESCATTER)
+      continue;
+    for (int64_t n : r.tensor_sizes) bytes += n * DataTypeSize(r.dtype);
+  }
+  return bytes;
+}
+
+// Every rank applies the coordinator's tuned values at the same point.
+void ApplyTunedParams(const ResponseList& p) {
+  GlobalState& st = state();
+  st.cycle_time_ms = p.cycle_time_ms;
+  st.fusion_threshold_bytes = p.fusion_threshold_bytes;
+  st.shm_min_bytes = p.shm_min_bytes;
+  for (const auto& ps : st.process_sets.All()) {
+    if (!ps->included()) continue;
+    ps->controller->set_fusion_threshold(p.fusion_threshold_bytes);
+    if (auto* selector = dynamic_cast<DataPlaneSelector*>(ps->data_plane.get())) {
+      DataPlaneChoice choice = selector->choice();
+      choice.shm_min_bytes = p.shm_min_bytes;
+      selector->set_choice(choice);
+    }
+  }
+  TFRING_LOG(DEBUG) << "tuned values: fusion threshold " << p.fusion_threshold_bytes
+                    << " bytes, cycle time " << p.cycle_time_ms << " ms, shm cut-over "
+                    << p.shm_min_bytes << " bytes";
+}
+
 // Runs one negotiation round on every process set this rank belongs to.
 // Returns false when the job is shutting down; `why` then says why, and
 // `broken` whether communication itself failed (a dead peer, an MPI error).
@@ -344,6 +383,16 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed) {
     }
     for (const Response& r : responses.responses) PerformOperation(*ps, r);
     *executed += static_cast<int>(responses.responses.size());
+    if (ps->id == kGlobalProcessSetId) {
+      if (responses.has_params) ApplyTunedParams(responses);
+      if (st.tuner) {
+        st.tuner->RecordCycle(ReducedBytes(responses), std::chrono::steady_clock::now());
+        if (st.tuner->HasUpdate()) {
+          TunableParams p = st.tuner->TakeUpdate();
+          ps->controller->SendParams(p.fusion_threshold_bytes, p.cycle_time_ms, p.shm_min_bytes);
+        }
+      }
+    }
     if (ps->id == kGlobalProcessSetId && responses.shutdown) {
       *why = Status::Aborted("tfring has been shut down: " + responses.shutdown_reason +
                              ". Collectives can no longer run in this job.");
@@ -418,10 +467,11 @@ bool HasPendingWork() {
 void BackgroundLoop() {
   GlobalState& st = state();
   using Clock = std::chrono::steady_clock;
-  const auto cycle = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double, std::milli>(st.config.cycle_time_ms));
-  const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
-  auto idle_wait = cycle;
+  auto cycle_now = [&] {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::milli>(st.cycle_time_ms.load()));
+  };
+  auto idle_wait = cycle_now();
   auto last_stall_warning = Clock::now();
   Status why;
   bool broken = false;
@@ -429,6 +479,8 @@ void BackgroundLoop() {
     int executed = 0;
     if (!RunLoopOnce(&why, &broken, &executed)) break;
     CheckForStalls(&last_stall_warning);
+    const Clock::duration cycle = cycle_now();
+    const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
     Clock::duration wait = cycle;
     if (executed == 0 && !HasPendingWork()) {
       idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
@@ -558,6 +610,15 @@ Status InitializeMPI(int64_t fortran_comm) {
     TFRING_RETURN_IF_ERROR(st.timeline.Start(st.config.timeline_path, st.config.timeline_mark_cycles));
   }
   global->controller->set_timeline(&st.timeline);
+  st.cycle_time_ms = st.config.cycle_time_ms;
+  st.fusion_threshold_bytes = st.config.fusion_threshold_bytes;
+  st.shm_min_bytes = st.config.shm_min_bytes;
+  st.tuner.reset();
+  if (topo.rank == 0 && st.config.autotune) {
+    TunableParams initial{st.config.fusion_threshold_bytes, st.config.cycle_time_ms,
+                          st.config.shm_min_bytes};
+    st.tuner.reset(new ParameterManager(st.config, initial));
+  }
   st.topo = topo;
   st.backend = std::move(backend);
   st.process_sets.Clear();
@@ -704,6 +765,16 @@ std::vector<int32_t> ProcessSetIds() {
   std::vector<int32_t> ids;
   for (const auto& ps : state().process_sets.All()) ids.push_back(ps->id);
   return ids;
+}
+
+RuntimeParams GetRuntimeParams() {
+  GlobalState& st = state();
+  RuntimeParams p;
+  p.fusion_threshold_bytes = st.fusion_threshold_bytes;
+  p.cycle_time_ms = st.cycle_time_ms;
+  p.shm_min_bytes = st.shm_min_bytes;
+  p.autotune_done = st.tuner ? st.tuner->done() && !st.tuner->HasUpdate() : false;
+  return p;
 }
 
 Status StartTimeline(const std::string& path, bool mark_cycles) {

@@ -52,6 +52,15 @@ Status RemoveProcessSet(int32_t id);
 Status GetProcessSet(int32_t id, int* rank, std::vector<int>* ranks);
 std::vector<int32_t> ProcessSetIds();
 
+// The values in force now (autotune may change them; all ranks agree).
+struct RuntimeParams {
+  int64_t fusion_threshold_bytes;
+  double cycle_time_ms;
+  int64_t shm_min_bytes;
+  bool autotune_done;  // on rank 0 with TFRING_AUTOTUNE=1: the search has ended
+};
+RuntimeParams GetRuntimeParams();
+
 // Starts/stops recording the timeline (Chrome trace JSON). Only rank 0
 // writes; on other ranks these do nothing.
 Status StartTimeline(const std::string& path, bool mark_cycles);

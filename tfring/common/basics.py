@@ -221,6 +221,13 @@ def stop_timeline():
     _core().stop_timeline()
 
 
+def _runtime_params():
+    """The tunable values in force on this rank (fusion threshold, cycle time,
+    shm cut-over) and, on rank 0 under autotune, whether the search ended."""
+    _require_init()
+    return dict(_core().runtime_params())
+
+
 def mpi_threads_supported():
     """True when MPI runs with MPI_THREAD_MULTIPLE."""
     _require_init()

@@ -12,11 +12,14 @@ Example:
 """
 from tfring.common.basics import (cross_rank, cross_size, init, is_homogeneous, is_initialized,
                                   local_rank, local_size, mpi_built, mpi_enabled,
-                                  mpi_threads_supported, nccl_built, rank, shutdown, size)
+                                  mpi_threads_supported, nccl_built, rank,
+                                  start_timeline, stop_timeline, shutdown, size)
 from tfring.common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                         remove_process_set)
 from tfring.keras.values import (allgather, allreduce, broadcast, broadcast_global_variables,
                                  reducescatter)
 from tfring.tensorflow.compression import Compression
 from tfring.tensorflow.mpi_ops import Average, Max, Min, Product, Sum, barrier, join
+from tfring.keras import callbacks
 from tfring.keras.optimizer import DistributedOptimizer, load_model
+from tfring.keras.sync_batch_norm import SyncBatchNormalization

@@ -48,7 +48,9 @@ def broadcast_global_variables(root_rank, model=None):
         return functions.broadcast_global_variables(root_rank)
     if model is None:
         raise ValueError("In TF2, pass the model: broadcast_global_variables(0, model=model).")
-    variables = list(model.variables)
+    # model.weights, not model.variables: Keras 3 counts random-seed states
+    # among the latter, and dropout masks should keep differing by rank.
+    variables = list(model.weights)
     if getattr(model, "optimizer", None) is not None:
         variables += optimizer_variables(model.optimizer)
     return functions.broadcast_variables(variables, root_rank)

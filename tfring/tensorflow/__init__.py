@@ -23,3 +23,11 @@ from tfring.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, 
                                        rank_op, reducescatter, size_op)
 from tfring.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from tfring.tensorflow.optimizer import DistributedOptimizer
+
+
+def __getattr__(name):
+    # Imported on first use: it resolves tf.keras, which plain TF code need not load.
+    if name == "SyncBatchNormalization":
+        from tfring.keras.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module 'tfring.tensorflow' has no attribute {name!r}")
