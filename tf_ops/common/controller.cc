@@ -16,8 +16,11 @@ Controller::Controller(int rank, std::vector<int> global_ranks, const Config& co
       joined_(global_ranks_.size(), false),
       cache_(static_cast<int>(config.cache_capacity)),
       hit_patience_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(
-              std::max(0.5, std::min(config.stall_check_time_s, 10.0) / 2)))) {}
+          std::chrono::duration<double>(std::max(
+              0.5, std::min({config.stall_check_time_s,
+                             config.stall_shutdown_time_s > 0 ? config.stall_shutdown_time_s
+                                                              : 10.0,
+                             10.0}) / 2)))) {}
 
 namespace {
 void SetBit(std::vector<uint64_t>& words, size_t offset, int bit) {
@@ -303,10 +306,23 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
                                    ", but another rank had type " + mm.second + detail(dtype_of));
   }
 
+  auto group_of = [](const Request& q) {
+    return q.group_name.empty() ? std::string("not grouped")
+                                : "group '" + q.group_name + "' of " + std::to_string(q.group_size);
+  };
+  mm = mismatch(group_of);
+  if (!mm.first.empty()) {
+    return ErrorResponse(name, "Mismatched groups for tensor " + quoted +
+                                   ": ranks must group the same tensors, but one rank sent " +
+                                   mm.first + " and another " + mm.second + detail(group_of));
+  }
+
   auto shape_of = [](const Request& q) { return ShapeString(q.shape); };
   auto trailing_of = [](const Request& q) {
     if (q.shape.empty()) return std::string("[] (a scalar)");
-    return "[?" + ShapeString(TensorShape(q.shape.begin() + 1, q.shape.end())).substr(1);
+    std::string out = "[?";
+    for (size_t i = 1; i < q.shape.size(); ++i) out += ", " + std::to_string(q.shape[i]);
+    return out + "]";
   };
   auto op_name = [](const Request& q) { return std::string(ReduceOpName(q.reduce_op)); };
   auto pre_of = [](const Request& q) { return Num(q.prescale_factor); };
@@ -470,6 +486,11 @@ void Controller::SendParams(int64_t fusion_threshold_bytes, double cycle_time_ms
   params_to_send_.shm_min_bytes = shm_min_bytes;
 }
 
+std::string Controller::GroupFailure(const std::string& group) const {
+  return "Group '" + group + "' failed as a whole because one of its tensors failed: " +
+         failed_groups_.at(group).cause;
+}
+
 ResponseList Controller::BuildResponseList() {
   ResponseList out;
   out.shutdown = shutdown_;
@@ -483,8 +504,21 @@ ResponseList Controller::BuildResponseList() {
   }
   std::vector<Response> ready;
   std::vector<std::string> still_pending;
+  // A failed group's marker lasts a moment: its members are submitted
+  // together, and a later step may reuse the group name legitimately.
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = failed_groups_.begin(); it != failed_groups_.end();) {
+    it = now - it->second.when > std::chrono::seconds(1) ? failed_groups_.erase(it) : std::next(it);
+  }
   for (const std::string& name : arrival_order_) {
     PendingTensor& p = pending_.at(name);
+    const Request& any = p.requests[std::find(p.received.begin(), p.received.end(), true) -
+                                    p.received.begin()];
+    if (!any.group_name.empty() && failed_groups_.count(any.group_name)) {
+      ready.push_back(ErrorResponse(name, GroupFailure(any.group_name)));
+      pending_.erase(name);
+      continue;
+    }
     int missing_unjoined = 0;
     for (int r = 0; r < size(); ++r) missing_unjoined += (!p.received[r] && !joined_[r]);
     if (missing_unjoined > 0 || p.count == 0) {
@@ -512,8 +546,21 @@ ResponseList Controller::BuildResponseList() {
     }
     if (!ref.group_name.empty() && ref.group_size > 1) {
       auto& group = ready_groups_[ref.group_name];
+      if (resp.type == ResponseType::ERROR && !failed_groups_.count(ref.group_name)) {
+        failed_groups_[ref.group_name] = {now, resp.error_message};
+      }
       group.push_back(std::move(resp));
-      if (static_cast<int>(group.size()) == ref.group_size) {
+      if (failed_groups_.count(ref.group_name)) {
+        // One member failed: the group cannot run as one, so every member
+        // fails, including those that come later (below).
+        for (auto& g : group) {
+          if (g.type != ResponseType::ERROR) {
+            g = ErrorResponse(g.tensor_names[0], GroupFailure(ref.group_name));
+          }
+          ready.push_back(std::move(g));
+        }
+        ready_groups_.erase(ref.group_name);
+      } else if (static_cast<int>(group.size()) == ref.group_size) {
         for (auto& g : group) ready.push_back(std::move(g));
         ready_groups_.erase(ref.group_name);
       }

@@ -87,6 +87,7 @@ class Controller {
 
   Response Validate(const std::string& name, const PendingTensor& pending) const;
   std::string RankList(const std::vector<int>& set_ranks) const;
+  std::string GroupFailure(const std::string& group) const;
 
   int rank_;
   std::vector<int> global_ranks_;
@@ -96,6 +97,12 @@ class Controller {
   std::unordered_map<std::string, PendingTensor> pending_;
   std::vector<std::string> arrival_order_;
   std::unordered_map<std::string, std::vector<Response>> ready_groups_;
+  // Groups with a failed member: when, and the member's error (for the others).
+  struct FailedGroup {
+    std::chrono::steady_clock::time_point when;
+    std::string cause;
+  };
+  std::unordered_map<std::string, FailedGroup> failed_groups_;
   std::vector<bool> joined_;
   int num_joined_ = 0;
   int32_t last_joined_ = -1;

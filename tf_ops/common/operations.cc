@@ -426,7 +426,9 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
                             std::chrono::duration<double>(c.stall_check_time_s);
   const bool can_stop = c.stall_shutdown_time_s > 0;
   if (!warn_due && !can_stop) return;
-  const double threshold = c.stall_check_time_s > 0 ? c.stall_check_time_s : c.stall_shutdown_time_s;
+  // Look at tensors old enough for whichever comes first, warning or stop.
+  double threshold = c.stall_check_time_s > 0 ? c.stall_check_time_s : c.stall_shutdown_time_s;
+  if (can_stop) threshold = std::min(threshold, c.stall_shutdown_time_s);
   for (const auto& ps : st.process_sets.All()) {
     if (!ps->included() || !ps->controller->is_coordinator()) continue;
     for (const auto& stalled : ps->controller->StalledTensors(threshold)) {
@@ -436,7 +438,7 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
                          std::to_string(ps->id) + " has waited " +
                          std::to_string(static_cast<int>(stalled.first.seconds)) +
                          " s for ranks [" + missing + "] to submit it";
-      if (warn_due) {
+      if (warn_due && stalled.first.seconds >= c.stall_check_time_s) {
         TFRING_LOG(WARNING) << "Stall: " << what
                             << ". Ranks must submit the same collectives; one of them may be "
                                "stuck or on a different code path.";

@@ -131,6 +131,10 @@ def _shutdown_at_exit():
     core.shutdown(_exit_reason or "finished its script (without calling shutdown())")
     if core.communication_broken():
         # A peer is gone: MPI_Finalize could wait for it forever. Skip it.
+        # Linger a moment first: the other survivors check their peers every
+        # 0.2 s, and should name the rank that died first, not this one.
+        import time
+        time.sleep(0.5)
         try:
             import mpi4py
             mpi4py.rc.finalize = False

@@ -29,7 +29,7 @@ import tempfile
 
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import mpiexec as mpiexec_mod
-from tfring.runner import rank_env, rank_wrapper
+from tfring.runner import rank_env, rank_wrapper, shm_cleanup
 from tfring.runner.supervisor import Supervisor
 
 _DESCRIPTION = "Run a tfring (Horovod-compatible) training job on one or more hosts."
@@ -307,7 +307,13 @@ def _launch(args, hosts, num_proc, command, extra_env, mpiexec):
             for name, value in env.items():
                 print(f"tfringrun: export {name}={value}", file=sys.stderr)
             print(f"tfringrun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        return supervisor.run(cmd)
+        shm_before = shm_cleanup.snapshot()
+        code = supervisor.run(cmd)
+        removed = shm_cleanup.remove_leftovers(shm_before)
+        if removed and args.verbose:
+            print(f"tfringrun: removed {len(removed)} shared-memory files the job left",
+                  file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":
