@@ -32,6 +32,32 @@ def _ops():
     return loader.load()[0]
 
 
+def _let_collectives_run_concurrently():
+    """Lets tf.function run our collectives in any order, all at once.
+
+    The ops are stateful (so Grappler never merges or folds them), and
+    tf.function chains stateful ops without resource inputs in program order.
+    That would make every allreduce wait for the previous one to finish: a
+    negotiation round trip per tensor and no fusion. The coordinator already
+    gives every rank one order, so TF may run them concurrently: they go on
+    TF's list of stateful ops that must run but need no order. Barrier, join
+    and the in-place broadcast keep their order.
+    """
+    try:
+        from tensorflow.python.framework import auto_control_deps as acd
+        acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
+            acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset({
+                "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+                "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodAlltoall",
+                "HorovodReducescatter", "HorovodGroupedReducescatter"}))
+    except (ImportError, AttributeError, TypeError) as exc:  # a TF without this hook
+        import warnings
+        warnings.warn(f"tfring: collectives inside tf.function will run one at a time ({exc})")
+
+
+_let_collectives_run_concurrently()
+
+
 def _normalize_name(name):
     """Turns a tensor name into a valid op name."""
     return re.sub("[^a-zA-Z0-9_]", "_", name)
