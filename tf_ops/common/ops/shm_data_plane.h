@@ -20,8 +20,9 @@ namespace tfring {
 Status CreateShmDataPlane(int rank, int size, DataPlane* bootstrap,
                           std::shared_ptr<PeerMonitor> monitor, std::unique_ptr<DataPlane>* out);
 
-// Tuning knobs, for tests and benchmarks; 0 or negative means "choose".
-// Rank 0's chunk and small-allreduce sizes are used by every rank.
+// Tuning knobs, for tests and benchmarks: chunk_bytes 0, or a negative
+// small_allreduce_bytes or spin_ns, means "choose". Rank 0's chunk and
+// small-allreduce sizes are used by every rank.
 struct ShmOptions {
   // Bytes one rank handles per pipeline step, rounded up to 4 KiB. The
   // segment is 2 x size^2 x chunk bytes, whatever the message size.
@@ -29,7 +30,8 @@ struct ShmOptions {
   // Allreduces up to this many bytes run in one step (every rank reduces the
   // whole message) rather than split and pipelined in two or more.
   int64_t small_allreduce_bytes = -1;
-  // How long a waiting rank busy-polls before it yields and sleeps.
+  // How long a waiting rank busy-polls before it yields and sleeps; by
+  // default 100 us, or 2 us when the set's ranks share fewer CPUs than ranks.
   int64_t spin_ns = -1;
 };
 

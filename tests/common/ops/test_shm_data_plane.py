@@ -1,0 +1,72 @@
+"""Runs the shared-memory rank suite (ranks/test_shm_collectives.py) with the
+shm plane forced for every message size, at np=2 and np=3, and once with the
+automatic choice; after each job /dev/shm must hold no segment of ours."""
+import os
+import re
+
+import pytest
+
+from support import run_rank_suite
+
+SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks",
+                     "test_shm_collectives.py")
+FORCED = {"TFRING_CPU_OPERATIONS": "shm", "TFRING_SHM_MIN_BYTES": "0"}
+# Segment names are /tfring-<pid of rank 0>-<counter>-<random>.
+SEGMENT = re.compile(r"^tfring-(\d+)-")
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _stale_segments():
+    """tfring segments whose creator is gone: ours would be, after the job.
+    (A live creator's name is only there for the instant of set-up, and may
+    belong to another job running at the same time.)"""
+    stale = set()
+    for name in os.listdir("/dev/shm"):
+        m = SEGMENT.match(name)
+        if m and not _alive(int(m.group(1))):
+            stale.add(name)
+    return stale
+
+
+def _passed_on_every_rank(output, np_):
+    ranks = {int(m.group(1)) for m in re.finditer(r"^\[(\d+)\][^\n]*\d+ passed", output, re.M)}
+    return ranks == set(range(np_))
+
+
+def _run_suite(np_, env, tmp_path):
+    """Runs the suite with a timeline, which names the plane that ran each
+    collective ("SHM_ALLREDUCE"); returns the timeline's text. (A fallback
+    to MPI would only be logged inside pytest's capture, so the timeline is
+    the proof.)"""
+    timeline = tmp_path / "timeline.json"
+    before = _stale_segments()
+    output = run_rank_suite(np_, SUITE, env=dict(env, TFRING_TIMELINE=str(timeline)))
+    assert _passed_on_every_rank(output, np_), output[-5000:]
+    assert _stale_segments() - before == set(), "shared-memory segments left in /dev/shm"
+    return timeline.read_text()
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_shm_rank_suite(np_, tmp_path):
+    timeline = _run_suite(np_, FORCED, tmp_path)
+    for collective in ("ALLREDUCE", "ALLGATHER", "BROADCAST", "REDUCESCATTER"):
+        assert f"SHM_{collective}" in timeline, f"no {collective} ran on shared memory"
+        assert f"MPI_{collective}" not in timeline, f"an {collective} ran on MPI"
+
+
+def test_auto_picks_shm_without_harm(tmp_path):
+    # On one host, auto builds the shared-memory plane and uses it (at least
+    # for large messages), and the suite passes as it is.
+    timeline = _run_suite(2, {"TFRING_CPU_OPERATIONS": "auto"}, tmp_path)
+    assert "SHM_ALLREDUCE" in timeline, "auto ran no allreduce on shared memory"

@@ -1,0 +1,95 @@
+"""Helpers for rank-suite tests of bad input (tests/tensorflow/ranks/).
+
+Every rank runs the same tests in the same order, so a test that expects an
+error calls the same helpers on every rank: each rank checks its own error,
+and the test module's autouse fixture then checks that the next collective
+works (check_next_collective), i.e. the bad call cost nothing but an error.
+"""
+import functools
+import threading
+
+import pytest
+import tensorflow as tf
+
+import tfring.tensorflow as hvd
+
+
+@pytest.fixture
+def needs_peers(size):
+    """Skips a test on a one-rank job. It depends only on the job's size, so
+    every rank skips alike and their collectives stay in step."""
+    if size < 2:
+        pytest.skip("needs ranks that can disagree")
+
+
+# Import `needs_peers` too in the module that uses this mark (pytest finds
+# fixtures by name in the test module).
+multi_rank = pytest.mark.usefixtures("needs_peers")
+
+
+@functools.lru_cache(maxsize=None)
+def library_contains(text):
+    """Whether the op library tfring loads contains `text`: tells one built
+    before a fix from one built after (the sources may be ahead of the build)."""
+    from tfring.common import loader
+    with open(loader.library_path(), "rb") as f:
+        return text.encode() in f.read()
+
+
+# The op library has the fixes of commit aba221c (group sizes compared,
+# trailing dimensions printed as [?, 3, 1], stall shutdown on time).
+HAS_AUGUST_FIXES = library_contains("Mismatched groups for tensor")
+
+
+def expect_error(error_type, fn, *fragments):
+    """Calls fn(), which must raise `error_type` with every fragment in its
+    message; returns the message."""
+    with pytest.raises(error_type) as info:
+        fn()
+    message = getattr(info.value, "message", None) or str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in: {message}"
+    return message
+
+
+def expect_precondition(fn, *fragments):
+    """A cross-rank problem: FailedPreconditionError on every rank."""
+    return expect_error(tf.errors.FailedPreconditionError, fn, *fragments)
+
+
+def expect_invalid_argument(fn, *fragments):
+    """A problem this rank finds by itself: InvalidArgumentError."""
+    return expect_error(tf.errors.InvalidArgumentError, fn, *fragments)
+
+
+def check_next_collective(size, name="after_bad_input"):
+    """The job goes on: a plain allreduce over every rank still works."""
+    total = hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name=name).numpy()
+    assert total == size, f"allreduce after the error gave {total}, not {size}"
+
+
+class Background:
+    """Runs fn() on a daemon thread (a collective another rank has not
+    submitted yet blocks; the test goes on meanwhile). A daemon thread, so a
+    collective that never completes cannot keep the process from exiting."""
+
+    def __init__(self, fn):
+        self.value = None
+        self.error = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn):
+        try:
+            self.value = fn()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            self.error = e
+
+    def wait(self, timeout=30.0):
+        """Waits for fn to end; fails the test if it is still blocked."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"still blocked after {timeout} s"
+        return self
+
+    def done(self):
+        return not self._thread.is_alive()

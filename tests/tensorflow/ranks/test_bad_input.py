@@ -1,0 +1,323 @@
+"""The bad-input matrix (docs/errors.md), beyond what test_errors.py covers:
+every rank gets the documented error, and the next collective works.
+
+Cross-rank problems are found by the coordinator and raise
+FailedPreconditionError on every rank that submitted the tensor; problems a
+rank can see by itself raise InvalidArgumentError (or a Python error before
+anything is submitted). Tests where one rank must differ from the others need
+at least two ranks and are skipped alike on every rank of a one-rank job.
+"""
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from error_helpers import (HAS_AUGUST_FIXES, Background, check_next_collective, expect_error,
+                           expect_invalid_argument, expect_precondition, multi_rank,
+                           needs_peers)  # noqa: F401 - needs_peers is the fixture multi_rank uses
+
+import tfring.tensorflow as hvd
+
+
+@pytest.fixture(autouse=True)
+def next_collective_works(size):
+    yield
+    check_next_collective(size)
+
+
+def ones(shape, dtype=tf.float32):
+    return tf.ones(shape, dtype)
+
+
+# -- mismatches between ranks -------------------------------------------------------
+
+@multi_rank
+def test_postscale_factor_mismatch(rank):
+    expect_precondition(
+        lambda: hvd.allreduce(ones([2]), op=hvd.Sum, postscale_factor=1.0 + rank, name="post"),
+        "Mismatched ALLREDUCE postscale factors for tensor 'post'", "rank 0: 1", "rank 1: 2")
+
+
+@multi_rank
+def test_reducescatter_reduce_op_mismatch(rank):
+    op = hvd.Sum if rank == 0 else hvd.Min
+    expect_precondition(lambda: hvd.reducescatter(ones([4]), op=op, name="rs_ops"),
+                        "Mismatched REDUCESCATTER reduce ops for tensor 'rs_ops'",
+                        "One rank requested Sum, but another rank requested Min", "rank 0: Sum")
+
+
+@multi_rank
+def test_broadcast_shape_mismatch(rank):
+    expect_precondition(lambda: hvd.broadcast(ones([rank + 1]), root_rank=0, name="b_shapes"),
+                        "Mismatched BROADCAST tensor shapes for tensor 'b_shapes'", "rank 0: [1]",
+                        "rank 1: [2]")
+
+
+@multi_rank
+def test_grouped_allreduce_member_shape_mismatch(rank):
+    # Members are negotiated one by one: the error names the member that differs.
+    expect_precondition(
+        lambda: hvd.grouped_allreduce([ones([2]), ones([rank + 1])], op=hvd.Sum, name="grp"),
+        "Mismatched ALLREDUCE tensor shapes for tensor 'grp_1'")
+
+
+@multi_rank
+def test_alltoall_splits_wrong_on_one_rank_name_that_rank(rank, size):
+    splits = [1] * size
+    if rank == 1:
+        splits[0] = 2  # adds up to size + 1 rows on rank 1 only
+    expect_precondition(lambda: hvd.alltoall(ones([size, 2]), splits=splits, name="a2a_one"),
+                        "Invalid ALLTOALL splits for tensor 'a2a_one' on rank 1",
+                        f"adding up to the first dimension {size}")
+
+
+_STALE_LIBRARY = ("the op library predates commit aba221c, which fixed this; rebuild it "
+                  "(pip install --no-build-isolation -e .)")
+
+
+@multi_rank
+@pytest.mark.xfail(not HAS_AUGUST_FIXES, strict=True, reason=_STALE_LIBRARY)
+def test_grouped_allreduce_with_different_tensor_counts(rank):
+    # Every member fails on every rank, also the ones only some ranks sent.
+    count = 2 if rank == 0 else 3
+    call = Background(
+        lambda: hvd.grouped_allreduce([ones([2])] * count, op=hvd.Sum, name="count_mismatch"))
+    if rank == 0:
+        call.wait()
+        if call.error is None:
+            # A library without the fix: rank 0 succeeded and the others' third
+            # member is still in flight; complete it so the job goes on in step.
+            hvd.allreduce(ones([2]), op=hvd.Sum, name="count_mismatch_2")
+    call.wait()
+    assert isinstance(call.error, tf.errors.FailedPreconditionError), \
+        f"rank {rank} got {call.error or 'no error'}"
+    assert "Mismatched groups for tensor 'count_mismatch_" in call.error.message
+    assert "group 'count_mismatch' of 2" in call.error.message
+    assert "group 'count_mismatch' of 3" in call.error.message
+
+
+@multi_rank
+@pytest.mark.xfail(not HAS_AUGUST_FIXES, strict=True, reason=_STALE_LIBRARY)
+def test_allgather_trailing_dims_message_shows_the_dims(rank):
+    expect_precondition(lambda: hvd.allgather(ones([2, 3, rank + 1]), name="gather_dims_text"),
+                        "one rank sent [?, 3, 1] and another [?, 3, 2]")
+
+
+# -- bad values a single rank can send -------------------------------------------
+
+def test_broadcast_negative_root():
+    expect_precondition(lambda: hvd.broadcast(ones([2]), root_rank=-1, name="neg_root"),
+                        "Invalid BROADCAST root rank -1 for tensor 'neg_root'")
+
+
+@pytest.mark.parametrize("splits", ["wrong_length", "negative"])
+def test_alltoall_splits_malformed(size, splits):
+    bad = {"wrong_length": [size] + [0] * size,  # one entry too many
+           "negative": [size + 1] + [0] * (size - 2) + [-1] if size > 1 else [-1]}[splits]
+    expect_precondition(lambda: hvd.alltoall(ones([size, 2]), splits=bad, name=f"a2a_{splits}"),
+                        f"Invalid ALLTOALL splits for tensor 'a2a_{splits}' on rank 0",
+                        f"one non-negative entry per rank ({size})")
+
+
+def test_alltoall_of_scalar_is_refused_locally():
+    expect_invalid_argument(lambda: hvd.alltoall(tf.constant(1.0), name="a2a_scalar"),
+                            "tfring: alltoall needs a tensor with at least one dimension")
+
+
+def test_reducescatter_of_scalar():
+    expect_precondition(lambda: hvd.reducescatter(tf.constant(1.0), name="rs_scalar"),
+                        "REDUCESCATTER of tensor 'rs_scalar' needs at least one dimension")
+
+
+@pytest.mark.parametrize("collective", ["allgather", "alltoall", "reducescatter",
+                                        "grouped_allreduce", "broadcast_"])
+def test_unsupported_dtype_for_each_collective(collective):
+    bad = tf.constant([1 + 1j, 2 + 2j], tf.complex128)
+    call = {
+        "allgather": lambda: hvd.allgather(bad),
+        "alltoall": lambda: hvd.alltoall(bad),
+        "reducescatter": lambda: hvd.reducescatter(bad),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce([ones([1]), bad]),
+        "broadcast_": lambda: hvd.broadcast_([tf.Variable(bad)], 0),
+    }[collective]
+    expect_invalid_argument(call, f"tfring {collective} does not support dtype complex128",
+                            "supported: uint8")
+
+
+# -- names ---------------------------------------------------------------------------
+
+def test_name_reused_with_another_shape_on_later_steps_works(rank, size):
+    # A name is free again once its collective has completed: later steps may
+    # use it with another shape, dtype, op or collective.
+    a = hvd.allreduce(ones([2]), op=hvd.Sum, name="reused")
+    b = hvd.allreduce(ones([3, 5]) * (rank + 1), op=hvd.Sum, name="reused")
+    c = hvd.allreduce(ones([7], tf.int32) * rank, op=hvd.Max, name="reused")
+    d = hvd.allgather(ones([rank + 1, 2]), name="reused")
+    np.testing.assert_array_equal(a.numpy(), np.full([2], size, np.float32))
+    np.testing.assert_array_equal(b.numpy(), np.full([3, 5], size * (size + 1) / 2, np.float32))
+    np.testing.assert_array_equal(c.numpy(), np.full([7], size - 1, np.int32))
+    assert d.shape == (size * (size + 1) // 2, 2)
+
+
+@multi_rank
+def test_same_name_twice_in_flight_is_invalid_argument(rank, size):
+    # Each rank in turn submits 'in_flight' twice at once (from two threads)
+    # while the others hold back: one call is rejected at once, the other
+    # completes once the others submit theirs.
+    for holder in range(size):
+        if rank == holder:
+            def submit():
+                return hvd.allreduce(ones([2]), op=hvd.Sum, name="in_flight")
+            calls = [Background(submit), Background(submit)]
+            deadline = time.monotonic() + 30
+            while not any(c.done() for c in calls):
+                assert time.monotonic() < deadline, "neither call came back"
+                time.sleep(0.01)
+            rejected = next(c for c in calls if c.done())
+            pending = next(c for c in calls if c is not rejected)
+            assert isinstance(rejected.error, tf.errors.InvalidArgumentError), rejected.error
+            assert "a collective named 'in_flight' is already in flight on this rank; give " \
+                   "concurrent collectives distinct names" in rejected.error.message
+            hvd.allreduce(ones([1]), name=f"in_flight_go_{holder}")
+            out = pending.wait().value
+        else:
+            hvd.allreduce(ones([1]), name=f"in_flight_go_{holder}")
+            out = hvd.allreduce(ones([2]), op=hvd.Sum, name="in_flight")
+        np.testing.assert_array_equal(out.numpy(), [size, size])
+
+
+# -- join ------------------------------------------------------------------------
+
+@multi_rank
+def test_join_with_a_non_allreduce_collective(rank, size):
+    # Each rank in turn stays out of join() while the others wait in it: its
+    # allgather and broadcast fail, its allreduce works (the joined ranks count
+    # as zeros), and its own join() then releases everyone.
+    for late in range(size):
+        if rank == late:
+            others = [r for r in range(size) if r != late]
+            who = ("rank " if len(others) == 1 else "ranks ") + ", ".join(map(str, others))
+            expect_precondition(lambda: hvd.allgather(ones([1]), name=f"jg_{late}"),
+                                f"ALLGATHER of tensor 'jg_{late}' cannot run while {who} have "
+                                "called join(); only allreduce can.")
+            expect_precondition(lambda: hvd.broadcast(ones([1]), 0, name=f"jb_{late}"),
+                                f"BROADCAST of tensor 'jb_{late}' cannot run while")
+            total = hvd.allreduce(ones([2]) * 3, op=hvd.Sum, name=f"jr_{late}")
+            np.testing.assert_array_equal(total.numpy(), [3, 3])
+        last = hvd.join()
+        assert last == late, f"join() returned {last}, expected the last rank to join ({late})"
+
+
+# -- process sets --------------------------------------------------------------------
+
+@multi_rank
+def test_collective_on_a_set_without_this_rank(rank, size):
+    # Each rank in turn is left out of a set; it gets InvalidArgumentError at
+    # once, the members run the collective among themselves.
+    for outsider in range(size):
+        members = [r for r in range(size) if r != outsider]
+        ps = hvd.add_process_set(members)
+        try:
+            if rank == outsider:
+                expect_invalid_argument(
+                    lambda: hvd.allreduce(ones([1]), op=hvd.Sum, process_set=ps, name="outside"),
+                    f"tfring: rank {rank} is not a member of process set {ps.process_set_id} "
+                    f"(ranks [{', '.join(map(str, members))}])")
+                assert not ps.included() and ps.rank() == -1
+            else:
+                out = hvd.allreduce(ones([1]), op=hvd.Sum, process_set=ps, name="outside")
+                assert out.numpy()[0] == size - 1
+        finally:
+            assert hvd.remove_process_set(ps)
+
+
+@pytest.mark.parametrize("case", ["duplicate", "empty", "negative", "mismatched"])
+def test_add_process_set_with_bad_ranks(rank, size, case):
+    if case == "mismatched" and size < 2:
+        pytest.skip("needs ranks that can disagree")
+    ranks, fragment = {
+        "duplicate": ([0, 0], "Invalid process set [0, 0]: ranks must be distinct and in "
+                              f"[0, {size})."),
+        "empty": ([], "Invalid process set []: it has no ranks."),
+        "negative": ([-1], f"Invalid process set [-1]: ranks must be distinct and in [0, {size})."),
+        "mismatched": ([rank], "Mismatched process set definitions: every rank must add the "
+                               "same ranks in the same order (rank 0: [0]; rank 1: [1]"),
+    }[case]
+    expect_precondition(lambda: hvd.add_process_set(ranks), fragment)
+    # Nothing was registered: the next set added still works everywhere.
+    ps = hvd.add_process_set(list(range(size)))
+    out = hvd.allreduce(ones([1]), op=hvd.Sum, process_set=ps, name="after_bad_set")
+    assert out.numpy()[0] == size
+    assert hvd.remove_process_set(ps)
+
+
+def test_unregistered_or_removed_process_set():
+    never_added = hvd.ProcessSet([0])
+    expect_error(ValueError, lambda: hvd.allreduce(ones([1]), process_set=never_added),
+                 "ProcessSet(process_set_id=None, ranks=[0]) is not registered; call "
+                 "hvd.add_process_set() first.")
+    ps = hvd.add_process_set([0])
+    assert hvd.remove_process_set(ps)
+    assert not hvd.remove_process_set(ps)  # a second removal is a no-op
+    assert not hvd.remove_process_set(hvd.global_process_set)
+    expect_error(ValueError, lambda: hvd.allgather(ones([1]), process_set=ps), "is not registered")
+
+
+# -- arguments refused before anything is submitted -----------------------------------
+
+def _slices():
+    return tf.IndexedSlices(ones([1, 2]), tf.constant([0]), tf.constant([3, 2]))
+
+
+@pytest.mark.parametrize("case", [
+    "indexed_slices_max", "indexed_slices_min", "indexed_slices_scale", "adasum_grouped",
+    "adasum_reducescatter", "scale_with_min", "scale_with_product", "reducescatter_scale_with_max",
+    "reducescatter_unknown_op"])
+def test_arguments_refused_locally(case):
+    error, call, fragment = {
+        "indexed_slices_max": (NotImplementedError, lambda: hvd.allreduce(_slices(), op=hvd.Max),
+                               "allreduce of IndexedSlices supports op=Average or Sum only."),
+        "indexed_slices_min": (NotImplementedError, lambda: hvd.allreduce(_slices(), op=hvd.Min),
+                               "allreduce of IndexedSlices supports op=Average or Sum only."),
+        "indexed_slices_scale": (NotImplementedError,
+                                 lambda: hvd.allreduce(_slices(), op=hvd.Sum, postscale_factor=2.0),
+                                 "allreduce of IndexedSlices does not support scale factors."),
+        "adasum_grouped": (NotImplementedError,
+                           lambda: hvd.grouped_allreduce([ones([2])], op=hvd.Adasum),
+                           "tfring does not implement Adasum yet"),
+        "adasum_reducescatter": (NotImplementedError,
+                                 lambda: hvd.reducescatter(ones([2]), op=hvd.Adasum),
+                                 "tfring does not implement Adasum yet"),
+        "scale_with_min": (ValueError,
+                           lambda: hvd.allreduce(ones([2]), op=hvd.Min, postscale_factor=0.5),
+                           "allreduce: prescale/postscale factors need op=Average or op=Sum, "
+                           "not Min."),
+        "scale_with_product": (ValueError,
+                               lambda: hvd.allreduce(ones([2]), op=hvd.Product,
+                                                     prescale_factor=2.0),
+                               "need op=Average or op=Sum, not Product."),
+        "reducescatter_scale_with_max": (ValueError,
+                                         lambda: hvd.reducescatter(ones([2]), op=hvd.Max,
+                                                                   prescale_factor=2.0),
+                                         "reducescatter: prescale/postscale factors need "
+                                         "op=Average or op=Sum, not Max."),
+        "reducescatter_unknown_op": (ValueError, lambda: hvd.reducescatter(ones([2]), op=17),
+                                     "reducescatter: unknown reduce op 17"),
+    }[case]
+    expect_error(error, call, fragment)
+
+
+# -- after shutdown (last: it restarts tfring) ---------------------------------------
+
+def test_collectives_after_shutdown_then_init_again(rank, size):
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    assert (hvd.rank(), hvd.size()) == (rank, size)  # topology stays readable
+    stopped = "tfring has been shut down on this rank (shutdown() was called); call init() to " \
+              "start it again."
+    for call in (lambda: hvd.allreduce(ones([1])), lambda: hvd.allgather(ones([1])),
+                 lambda: hvd.broadcast(ones([1]), 0), hvd.join, hvd.barrier,
+                 lambda: hvd.add_process_set([0])):
+        expect_precondition(call, stopped)
+    hvd.init()
+    assert hvd.is_initialized()

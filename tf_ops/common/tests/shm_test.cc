@@ -1,0 +1,741 @@
+// Tests of the shared-memory data plane without MPI or TensorFlow: the
+// parent forks N rank processes which build planes over a fake bootstrap (a
+// shared anonymous page with a barrier) and check every collective against a
+// serial computation: every dtype and op, sizes around chunk boundaries,
+// uneven shares, every root. Separate jobs check that a dead or departed
+// rank ends the others' waits with an error, and that nothing is left in
+// /dev/shm. The parent kills the job if it runs too long instead of hanging.
+//
+//   shm_test [--np N] [--timeout S]           run the tests (default np 2 and 3)
+//   shm_test --bench --np N [--chunk B] [--small B] [--spin NS] [--bytes B]... [--pin]
+//                [--skew US]                  the last rank starts each collective late
+//                                             time float32 allreduce by size
+// Built and run by tests/common/test_shm_cpp.py (and by Bazel as //tf_ops:shm_test).
+#include <dirent.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../ops/shm_data_plane.h"
+#include "../reduction.h"
+
+using namespace tfring;
+
+namespace {
+
+int g_rank = -1;
+bool g_pin = false;
+double g_skew_us = 0;
+int g_failures = 0;
+int g_checks = 0;
+
+#define CHECK(cond, ...)                                                          \
+  do {                                                                            \
+    ++g_checks;                                                                   \
+    if (!(cond)) {                                                                \
+      if (++g_failures <= 30) {                                                   \
+        std::fprintf(stderr, "[rank %d] %s:%d: CHECK failed: %s ", g_rank, __FILE__, \
+                     __LINE__, #cond);                                            \
+        std::fprintf(stderr, __VA_ARGS__);                                        \
+        std::fprintf(stderr, "\n");                                               \
+      }                                                                           \
+    }                                                                             \
+  } while (0)
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double CpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// --- The fake bootstrap: a page shared by the forked ranks -----------------
+
+constexpr int kMaxRanks = 16;
+constexpr int kBusBytes = 4096;
+
+struct Bus {
+  std::atomic<int> arrived;
+  std::atomic<int> generation;
+  std::atomic<int> go;
+  int pids[kMaxRanks];
+  char data[kMaxRanks][kBusBytes];
+};
+
+Bus* NewBus() {
+  void* p = mmap(nullptr, sizeof(Bus), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(2);
+  }
+  return new (p) Bus();
+}
+
+// Broadcast, Allreduce (small) and Barrier through the bus: what the plane's
+// set-up needs from a bootstrap. Waits give up after 30 s.
+class FakeBootstrap : public DataPlane {
+ public:
+  FakeBootstrap(Bus* bus, int rank, int size) : bus_(bus), rank_(rank), size_(size) {}
+  const char* name() const override { return "fake"; }
+
+  Status Barrier() override {
+    const int gen = bus_->generation.load();
+    if (bus_->arrived.fetch_add(1) + 1 == size_) {
+      bus_->arrived.store(0);
+      bus_->generation.fetch_add(1);
+      return Status::OK();
+    }
+    // Poll (yielding) at first, so ranks leave together as from an MPI
+    // barrier: the benchmark starts each timed collective from one.
+    const double start = Now(), deadline = start + 30;
+    while (bus_->generation.load() == gen) {
+      const double now = Now();
+      if (now > deadline) return Status::Aborted("fake bootstrap barrier timed out");
+      if (now - start < 0.005) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    return Status::OK();
+  }
+  Status Broadcast(void* buffer, int64_t bytes, int root) override {
+    if (bytes > kBusBytes) return Status::InvalidArgument("fake broadcast too big");
+    if (rank_ == root) std::memcpy(bus_->data[root], buffer, bytes);
+    TFRING_RETURN_IF_ERROR(Barrier());
+    if (rank_ != root) std::memcpy(buffer, bus_->data[root], bytes);
+    return Barrier();
+  }
+  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override {
+    const int64_t bytes = count * DataTypeSize(dtype);
+    if (bytes > kBusBytes) return Status::InvalidArgument("fake allreduce too big");
+    std::memcpy(bus_->data[rank_], buffer, bytes);
+    TFRING_RETURN_IF_ERROR(Barrier());
+    std::memcpy(buffer, bus_->data[0], bytes);
+    for (int j = 1; j < size_; ++j) TFRING_RETURN_IF_ERROR(ReduceInto(buffer, bus_->data[j], count, dtype, op));
+    return Barrier();
+  }
+  // Every rank's value, in rank order (to compare results across ranks).
+  std::vector<uint64_t> Gather(uint64_t v) {
+    std::memcpy(bus_->data[rank_], &v, sizeof v);
+    Barrier();
+    std::vector<uint64_t> all(size_);
+    for (int j = 0; j < size_; ++j) std::memcpy(&all[j], bus_->data[j], sizeof v);
+    Barrier();
+    return all;
+  }
+  Status Allgather(const void*, void*, const std::vector<int64_t>&) override { return Unused(); }
+  Status Alltoall(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&) override {
+    return Unused();
+  }
+  Status Reducescatter(const void*, void*, const std::vector<int64_t>&, DataType, ReduceOp) override {
+    return Unused();
+  }
+
+ private:
+  static Status Unused() { return Status::Unknown("not used by the set-up"); }
+  Bus* bus_;
+  int rank_, size_;
+};
+
+// --- Data ---------------------------------------------------------------
+
+const DataType kAllTypes[] = {DataType::UINT8,   DataType::INT8,     DataType::UINT16,
+                              DataType::INT16,   DataType::INT32,    DataType::INT64,
+                              DataType::FLOAT16, DataType::BFLOAT16, DataType::FLOAT32,
+                              DataType::FLOAT64, DataType::BOOL};
+const ReduceOp kAllOps[] = {ReduceOp::SUM, ReduceOp::MIN, ReduceOp::MAX, ReduceOp::PRODUCT};
+
+// Small integers that differ by rank, element and salt: exact in every dtype
+// and for every op over up to 4 ranks (a product of 4 values <= 3 fits int8),
+// so any reduction order gives the serial result exactly.
+int SmallValue(int rank, int64_t i, int salt) {
+  return 1 + static_cast<int>((i * 7 + rank * 3 + salt) % 3);
+}
+
+template <typename T>
+void FillAs(void* buf, int64_t n, int rank, int salt) {
+  T* p = static_cast<T*>(buf);
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(SmallValue(rank, i, salt));
+}
+
+void Fill(void* buf, int64_t n, DataType dt, int rank, int salt) {
+  switch (dt) {
+    case DataType::UINT8: FillAs<uint8_t>(buf, n, rank, salt); break;
+    case DataType::INT8: FillAs<int8_t>(buf, n, rank, salt); break;
+    case DataType::UINT16: FillAs<uint16_t>(buf, n, rank, salt); break;
+    case DataType::INT16: FillAs<int16_t>(buf, n, rank, salt); break;
+    case DataType::INT32: FillAs<int32_t>(buf, n, rank, salt); break;
+    case DataType::INT64: FillAs<int64_t>(buf, n, rank, salt); break;
+    case DataType::FLOAT32: FillAs<float>(buf, n, rank, salt); break;
+    case DataType::FLOAT64: FillAs<double>(buf, n, rank, salt); break;
+    case DataType::FLOAT16:
+    case DataType::BFLOAT16: {
+      uint16_t* p = static_cast<uint16_t*>(buf);
+      for (int64_t i = 0; i < n; ++i) {
+        float v = static_cast<float>(SmallValue(rank, i, salt));
+        p[i] = dt == DataType::FLOAT16 ? FloatToHalf(v) : FloatToBFloat16(v);
+      }
+      break;
+    }
+    case DataType::BOOL: {
+      uint8_t* p = static_cast<uint8_t*>(buf);
+      for (int64_t i = 0; i < n; ++i) p[i] = SmallValue(rank, i, salt) != 2;
+      break;
+    }
+  }
+}
+
+// Bytes of a deterministic pattern for (rank, salt), for the byte movers.
+void FillBytes(char* p, int64_t n, int rank, int salt) {
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<char>((i * 131 + rank * 17 + salt * 7) & 0xff);
+}
+
+// What the reduction over `size` ranks must give, computed serially.
+std::vector<char> Expected(int64_t n, DataType dt, ReduceOp op, int size, int salt) {
+  const int64_t bytes = n * DataTypeSize(dt);
+  std::vector<char> acc(std::max<int64_t>(bytes, 1)), other(std::max<int64_t>(bytes, 1));
+  Fill(acc.data(), n, dt, 0, salt);
+  for (int r = 1; r < size; ++r) {
+    Fill(other.data(), n, dt, r, salt);
+    ReduceInto(acc.data(), other.data(), n, dt, op);
+  }
+  return acc;
+}
+
+int64_t FirstDifference(const char* a, const char* b, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; ++i)
+    if (a[i] != b[i]) return i;
+  return -1;
+}
+
+uint64_t Hash(const void* p, int64_t bytes) {
+  uint64_t h = 1469598103934665603ULL;
+  const unsigned char* c = static_cast<const unsigned char*>(p);
+  for (int64_t i = 0; i < bytes; ++i) h = (h ^ c[i]) * 1099511628211ULL;
+  return h;
+}
+
+// --- Checks run by every rank ---------------------------------------------
+
+struct PlaneUnderTest {
+  const char* label;
+  std::unique_ptr<DataPlane> plane;
+  int64_t chunk;  // bytes per rank per step, as configured
+};
+
+void CheckAllreduce(PlaneUnderTest& p, int rank, int size, int64_t n, DataType dt, ReduceOp op,
+                    int salt) {
+  const int64_t bytes = n * DataTypeSize(dt);
+  std::vector<char> buf(std::max<int64_t>(bytes, 1));
+  Fill(buf.data(), n, dt, rank, salt);
+  Status s = p.plane->Allreduce(buf.data(), n, dt, op);
+  CHECK(s.ok(), "%s allreduce %s %s n=%lld: %s", p.label, DataTypeName(dt), ReduceOpName(op),
+        (long long)n, s.message().c_str());
+  std::vector<char> want = Expected(n, dt, op, size, salt);
+  int64_t at = FirstDifference(buf.data(), want.data(), bytes);
+  CHECK(at < 0, "%s allreduce %s %s n=%lld: first wrong byte %lld", p.label, DataTypeName(dt),
+        ReduceOpName(op), (long long)n, (long long)at);
+}
+
+std::vector<int64_t> AllreduceSizes(int64_t chunk, int64_t esize, int size) {
+  const int64_t c = chunk / esize;  // elements per rank per step
+  std::vector<int64_t> sizes = {1, 2, 3, 7, 63, 64, 65, 1000, c - 1, c, c + 1,
+                                size * c - 1, size * c, size * c + 1, 2 * size * c + 3,
+                                3 * size * c - 5};
+  sizes.erase(std::remove_if(sizes.begin(), sizes.end(), [](int64_t v) { return v < 1; }),
+              sizes.end());
+  return sizes;
+}
+
+void TestAllreduce(PlaneUnderTest& p, int rank, int size, bool every_size) {
+  int salt = 0;
+  for (DataType dt : kAllTypes) {
+    for (ReduceOp op : kAllOps) {
+      std::vector<int64_t> sizes = AllreduceSizes(p.chunk, DataTypeSize(dt), size);
+      if (!every_size) sizes = {1, 65, sizes[sizes.size() - 3], sizes.back()};
+      for (int64_t n : sizes) CheckAllreduce(p, rank, size, n, dt, op, ++salt);
+    }
+  }
+  // Nothing to do, and an op that is not element-wise, on every rank alike.
+  CHECK(p.plane->Allreduce(nullptr, 0, DataType::FLOAT32, ReduceOp::SUM).ok(), "empty allreduce");
+  float x = 1;
+  Status bad = p.plane->Allreduce(&x, 1, DataType::FLOAT32, ReduceOp::AVERAGE);
+  CHECK(bad.code() == StatusCode::INVALID_ARGUMENT, "AVERAGE must be refused: %s",
+        bad.message().c_str());
+}
+
+// Random floats: the result depends on the order of additions, yet every
+// rank must hold the very same bits.
+void TestAllreduceAgrees(PlaneUnderTest& p, FakeBootstrap& bus, int rank, int size) {
+  for (int64_t n : {int64_t{5}, int64_t{3000}, 3 * p.chunk + 11}) {
+    for (DataType dt : {DataType::FLOAT32, DataType::FLOAT16, DataType::BFLOAT16, DataType::FLOAT64}) {
+      std::mt19937 gen(1234 + rank * 977 + static_cast<int>(n));
+      std::uniform_real_distribution<float> dist(-1.f, 1.f);
+      const int64_t esize = DataTypeSize(dt);
+      std::vector<char> buf(n * esize);
+      for (int64_t i = 0; i < n; ++i) {
+        float v = dist(gen);
+        if (dt == DataType::FLOAT32) reinterpret_cast<float*>(buf.data())[i] = v;
+        if (dt == DataType::FLOAT64) reinterpret_cast<double*>(buf.data())[i] = v;
+        if (dt == DataType::FLOAT16) reinterpret_cast<uint16_t*>(buf.data())[i] = FloatToHalf(v);
+        if (dt == DataType::BFLOAT16) reinterpret_cast<uint16_t*>(buf.data())[i] = FloatToBFloat16(v);
+      }
+      CHECK(p.plane->Allreduce(buf.data(), n, dt, ReduceOp::SUM).ok(), "random allreduce");
+      std::vector<uint64_t> hashes = bus.Gather(Hash(buf.data(), n * esize));
+      for (int j = 1; j < size; ++j)
+        CHECK(hashes[j] == hashes[0], "%s ranks disagree on a %s sum of %lld random values",
+              p.label, DataTypeName(dt), (long long)n);
+    }
+  }
+}
+
+void TestReducescatter(PlaneUnderTest& p, int rank, int size) {
+  const int64_t chunk = p.chunk;
+  int salt = 500;
+  for (DataType dt : kAllTypes) {
+    const int64_t c = chunk / DataTypeSize(dt);
+    std::vector<std::vector<int64_t>> layouts = {
+        std::vector<int64_t>(size, 1), std::vector<int64_t>(size, c), std::vector<int64_t>(size, 0)};
+    std::vector<int64_t> uneven;
+    for (int j = 0; j < size; ++j) uneven.push_back(j == 1 ? 0 : (j % 2 ? c + 1 : 2 * c + 5 - j));
+    layouts.push_back(uneven);
+    std::vector<int64_t> one_big(size, 0);
+    one_big[size - 1] = 3 * c + 7;
+    layouts.push_back(one_big);
+    for (ReduceOp op : kAllOps) {
+      for (const auto& counts : layouts) {
+        ++salt;
+        int64_t total = 0, before = 0;
+        for (int j = 0; j < size; ++j) {
+          if (j < rank) before += counts[j];
+          total += counts[j];
+        }
+        const int64_t esize = DataTypeSize(dt);
+        std::vector<char> in(std::max<int64_t>(total * esize, 1));
+        Fill(in.data(), total, dt, rank, salt);
+        std::vector<char> out(std::max<int64_t>(counts[rank] * esize, 1), 0x5a);
+        Status s = p.plane->Reducescatter(in.data(), out.data(), counts, dt, op);
+        CHECK(s.ok(), "%s reducescatter: %s", p.label, s.message().c_str());
+        std::vector<char> want = Expected(total, dt, op, size, salt);
+        int64_t at = FirstDifference(out.data(), want.data() + before * esize, counts[rank] * esize);
+        CHECK(at < 0, "%s reducescatter %s %s share %lld of %lld: first wrong byte %lld", p.label,
+              DataTypeName(dt), ReduceOpName(op), (long long)counts[rank], (long long)total,
+              (long long)at);
+      }
+    }
+  }
+}
+
+void TestAllgather(PlaneUnderTest& p, int rank, int size) {
+  const int64_t slot = size * p.chunk;
+  std::vector<std::vector<int64_t>> layouts = {std::vector<int64_t>(size, 4),
+                                               std::vector<int64_t>(size, 0),
+                                               std::vector<int64_t>(size, slot + 1)};
+  std::vector<int64_t> uneven;
+  for (int j = 0; j < size; ++j) uneven.push_back(j == 0 ? 0 : (j == 1 ? 3 * slot - 1 : 13 * j));
+  layouts.push_back(uneven);
+  std::vector<int64_t> mixed;
+  for (int j = 0; j < size; ++j) mixed.push_back(j * slot + 3);
+  layouts.push_back(mixed);
+  int salt = 900;
+  for (const auto& bytes : layouts) {
+    ++salt;
+    int64_t total = 0;
+    for (int64_t b : bytes) total += b;
+    std::vector<char> in(std::max<int64_t>(bytes[rank], 1));
+    FillBytes(in.data(), bytes[rank], rank, salt);
+    std::vector<char> out(std::max<int64_t>(total, 1), 0);
+    Status s = p.plane->Allgather(in.data(), out.data(), bytes);
+    CHECK(s.ok(), "%s allgather: %s", p.label, s.message().c_str());
+    int64_t off = 0;
+    for (int j = 0; j < size; ++j) {
+      std::vector<char> want(std::max<int64_t>(bytes[j], 1));
+      FillBytes(want.data(), bytes[j], j, salt);
+      int64_t at = FirstDifference(out.data() + off, want.data(), bytes[j]);
+      CHECK(at < 0, "%s allgather: rank %d's %lld bytes wrong at %lld", p.label, j,
+            (long long)bytes[j], (long long)at);
+      off += bytes[j];
+    }
+    // In place: the input already sits at this rank's place in the output.
+    off = 0;
+    for (int j = 0; j < rank; ++j) off += bytes[j];
+    std::vector<char> inplace(std::max<int64_t>(total, 1), 0);
+    FillBytes(inplace.data() + off, bytes[rank], rank, salt);
+    s = p.plane->Allgather(inplace.data() + off, inplace.data(), bytes);
+    CHECK(s.ok() && FirstDifference(inplace.data(), out.data(), total) < 0,
+          "%s in-place allgather differs", p.label);
+  }
+}
+
+void TestBroadcast(PlaneUnderTest& p, int rank, int size) {
+  const int64_t slot = size * p.chunk;
+  int salt = 1300;
+  for (int root = 0; root < size; ++root) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, slot - 1, slot, slot + 1, 3 * slot + 7}) {
+      ++salt;
+      std::vector<char> buf(std::max<int64_t>(n, 1), 0);
+      if (rank == root) FillBytes(buf.data(), n, root, salt);
+      Status s = p.plane->Broadcast(buf.data(), n, root);
+      std::vector<char> want(std::max<int64_t>(n, 1));
+      FillBytes(want.data(), n, root, salt);
+      CHECK(s.ok() && FirstDifference(buf.data(), want.data(), n) < 0,
+            "%s broadcast of %lld bytes from %d: %s", p.label, (long long)n, root,
+            s.message().c_str());
+    }
+  }
+  char x = 0;
+  CHECK(p.plane->Broadcast(&x, 1, size).code() == StatusCode::INVALID_ARGUMENT, "bad root");
+}
+
+// Bytes rank i sends to rank j in case `variant`.
+int64_t PairBytes(int i, int j, int variant, int64_t chunk) {
+  switch (variant) {
+    case 0: return 8;
+    case 1: return 0;
+    case 2: return (i + 2 * j) % 3 == 0 ? 0 : (i * 5 + j) * chunk / 2 + i + j + 1;
+    default: return i == 0 && j == 1 ? 4 * chunk + 3 : (i == j ? 17 : 0);  // one big pair
+  }
+}
+
+void TestAlltoall(PlaneUnderTest& p, int rank, int size) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const int salt = 1700 + variant;
+    std::vector<int64_t> send(size), recv(size);
+    int64_t send_total = 0, recv_total = 0;
+    for (int j = 0; j < size; ++j) {
+      send[j] = PairBytes(rank, j, variant, p.chunk);
+      recv[j] = PairBytes(j, rank, variant, p.chunk);
+      send_total += send[j];
+      recv_total += recv[j];
+    }
+    std::vector<char> in(std::max<int64_t>(send_total, 1));
+    int64_t off = 0;
+    for (int j = 0; j < size; ++j) {  // the block for j depends on (rank, j)
+      FillBytes(in.data() + off, send[j], rank * 31 + j, salt);
+      off += send[j];
+    }
+    std::vector<char> out(std::max<int64_t>(recv_total, 1), 0);
+    Status s = p.plane->Alltoall(in.data(), send, out.data(), recv);
+    CHECK(s.ok(), "%s alltoall: %s", p.label, s.message().c_str());
+    off = 0;
+    for (int j = 0; j < size; ++j) {
+      std::vector<char> want(std::max<int64_t>(recv[j], 1));
+      FillBytes(want.data(), recv[j], j * 31 + rank, salt);
+      CHECK(FirstDifference(out.data() + off, want.data(), recv[j]) < 0,
+            "%s alltoall variant %d: block from %d wrong", p.label, variant, j);
+      off += recv[j];
+    }
+  }
+}
+
+// Ranks arrive at the barrier at different times; none may leave before the
+// last has arrived.
+void TestBarrier(PlaneUnderTest& p, Bus* bus, int rank, int size) {
+  for (int round = 0; round < 5; ++round) {
+    if (rank == round % size) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    bus->data[rank][0] = static_cast<char>(round + 1);
+    Status s = p.plane->Barrier();
+    CHECK(s.ok(), "barrier: %s", s.message().c_str());
+    for (int j = 0; j < size; ++j)
+      CHECK(bus->data[j][0] >= round + 1, "rank %d passed barrier %d before rank %d arrived", rank,
+            round, j);
+    CHECK(p.plane->Barrier().ok(), "second barrier");  // nobody writes round+2 before all read
+  }
+}
+
+void TestHuge(PlaneUnderTest& p, int rank, int size) {
+  // 64 MiB + 3 bytes of uint8: many blocks and an odd tail.
+  const int64_t n = (64LL << 20) + 3;
+  std::vector<char> buf(n);
+  Fill(buf.data(), n, DataType::UINT8, rank, 77);
+  Status s = p.plane->Allreduce(buf.data(), n, DataType::UINT8, ReduceOp::SUM);
+  CHECK(s.ok(), "huge allreduce: %s", s.message().c_str());
+  std::vector<char> want = Expected(n, DataType::UINT8, ReduceOp::SUM, size, 77);
+  CHECK(FirstDifference(buf.data(), want.data(), n) < 0, "huge allreduce wrong");
+}
+
+bool ShmHasEntriesOf(int pid) {
+  const std::string prefix = "tfring-" + std::to_string(pid) + "-";
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return false;
+  bool found = false;
+  while (dirent* e = readdir(d)) found |= std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0;
+  closedir(d);
+  return found;
+}
+
+std::shared_ptr<PeerMonitor> MakeMonitor(Bus* bus, int rank, int size) {
+  std::vector<PeerMonitor::Peer> peers;
+  for (int r = 0; r < size; ++r) peers.push_back({r, bus->pids[r], "localhost"});
+  return std::make_shared<PeerMonitor>(rank, "localhost", peers, 0.05);
+}
+
+Status MakePlane(FakeBootstrap& boot, std::shared_ptr<PeerMonitor> monitor, int rank, int size,
+                 const ShmOptions& opts, std::unique_ptr<DataPlane>* out) {
+  return CreateShmDataPlane(rank, size, &boot, std::move(monitor), opts, out);
+}
+
+int RunCorrectness(Bus* bus, int rank, int size) {
+  FakeBootstrap boot(bus, rank, size);
+  auto monitor = MakeMonitor(bus, rank, size);
+  std::vector<PlaneUnderTest> planes;
+  // Default tuning, then tiny chunks (many steps, cheap) with and without the
+  // one-step small-message path.
+  struct Variant { const char* label; int64_t chunk; int64_t small; } variants[] = {
+      {"default", 0, -1}, {"4k-chunks", 4096, 0}, {"4k-chunks+small", 4096, 4096}};
+  for (const auto& v : variants) {
+    ShmOptions opts;
+    opts.chunk_bytes = v.chunk;
+    opts.small_allreduce_bytes = v.small;
+    PlaneUnderTest p{v.label, nullptr, 0};
+    Status s = MakePlane(boot, monitor, rank, size, opts, &p.plane);
+    CHECK(s.ok(), "creating plane %s: %s", v.label, s.message().c_str());
+    if (!s.ok()) return 1;
+    // The chunk the plane picked: 512 KiB per slot by default (see shm_data_plane.cc).
+    p.chunk = v.chunk > 0 ? v.chunk : ((512 * 1024 / size) + 4095) / 4096 * 4096;
+    planes.push_back(std::move(p));
+  }
+  // The name is unlinked once everyone has mapped it (rank 0 does it before
+  // it reaches this barrier).
+  CHECK(boot.Barrier().ok(), "bootstrap barrier");
+  CHECK(!ShmHasEntriesOf(bus->pids[0]), "a tfring segment is still in /dev/shm after set-up");
+
+  for (auto& p : planes) {
+    const bool every_size = std::strcmp(p.label, "default") != 0;
+    TestAllreduce(p, rank, size, every_size);
+    TestAllreduceAgrees(p, boot, rank, size);
+    if (&p == &planes[2]) continue;  // differs from planes[1] in allreduce only
+    TestReducescatter(p, rank, size);
+    TestAllgather(p, rank, size);
+    TestBroadcast(p, rank, size);
+    TestAlltoall(p, rank, size);
+  }
+  TestBarrier(planes[1], bus, rank, size);
+  TestHuge(planes[0], rank, size);
+  // Two planes used alternately keep their own step sequences.
+  for (int i = 0; i < 20; ++i) {
+    CheckAllreduce(planes[i % 3], rank, size, 4096 + i, DataType::FLOAT32, ReduceOp::SUM, i);
+  }
+  std::printf("[rank %d] %d checks, %d failed\n", rank, g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
+
+// A rank dies (or leaves) while the others are in a collective: they must get
+// an error naming it within seconds, and the plane must stay failed.
+int RunFailure(Bus* bus, int rank, int size, const char* how) {
+  FakeBootstrap boot(bus, rank, size);
+  std::unique_ptr<DataPlane> plane;
+  Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, ShmOptions(), &plane);
+  CHECK(s.ok(), "creating plane: %s", s.message().c_str());
+  if (!s.ok()) return 1;
+  std::vector<float> buf(1 << 20, 1.0f);
+  CHECK(plane->Allreduce(buf.data(), buf.size(), DataType::FLOAT32, ReduceOp::SUM).ok(), "first");
+  const int victim = size - 1;
+  if (rank == victim) {
+    if (std::strcmp(how, "kill") == 0) kill(getpid(), SIGKILL);
+    if (std::strcmp(how, "exit") == 0) _exit(0);
+    plane.reset();  // "leave": this rank shuts its plane down and lives on
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    return 0;
+  }
+  const double start = Now();
+  s = plane->Allreduce(buf.data(), buf.size(), DataType::FLOAT32, ReduceOp::SUM);
+  const double took = Now() - start;
+  CHECK(s.code() == StatusCode::ABORTED, "%s: allreduce must be aborted, got '%s'", how,
+        s.message().c_str());
+  CHECK(s.message().find("rank") != std::string::npos, "error should name a rank: %s",
+        s.message().c_str());
+  CHECK(took < 10, "%s noticed only after %.1f s", how, took);
+  s = plane->Broadcast(buf.data(), 16, 0);
+  CHECK(s.code() == StatusCode::ABORTED, "a failed plane must stay failed: '%s'", s.message().c_str());
+  if (rank == 0) std::printf("[rank %d] %s: %s (after %.2f s)\n", rank, how, s.message().c_str(), took);
+  return g_failures == 0 ? 0 : 1;
+}
+
+// --- Benchmark -------------------------------------------------------------
+
+int RunBench(Bus* bus, int rank, int size, const ShmOptions& opts,
+             const std::vector<int64_t>& sizes) {
+  FakeBootstrap boot(bus, rank, size);
+  std::unique_ptr<DataPlane> plane;
+  Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, opts, &plane);
+  if (!s.ok()) {
+    std::fprintf(stderr, "plane: %s\n", s.message().c_str());
+    return 1;
+  }
+  for (int64_t bytes : sizes) {
+    const int64_t n = bytes / 4;
+    std::vector<float> buf(n, 1.0f);
+    const int iters = bytes <= (1 << 20) ? 200 : (bytes <= (16 << 20) ? 20 : 8);
+    std::vector<double> times, cpu;
+    for (int i = 0; i < iters + 2; ++i) {
+      boot.Barrier();
+      const double c0 = CpuNow(), t0 = Now();
+      // The last rank arrives late, as after a real negotiation.
+      if (g_skew_us > 0 && rank == size - 1) {
+        while (Now() - t0 < g_skew_us * 1e-6) {
+        }
+      }
+      s = plane->Allreduce(buf.data(), n, DataType::FLOAT32, ReduceOp::SUM);
+      const double t1 = Now(), c1 = CpuNow();
+      if (!s.ok()) {
+        std::fprintf(stderr, "allreduce: %s\n", s.message().c_str());
+        return 1;
+      }
+      if (i >= 2) {
+        times.push_back(t1 - t0);
+        cpu.push_back(c1 - c0);
+      }
+    }
+    std::sort(times.begin(), times.end());
+    std::sort(cpu.begin(), cpu.end());
+    const double med = times[times.size() / 2];
+    const double busbw = 2.0 * (size - 1) / size * bytes / med / 1e9;
+    // CPU time includes busy-polling, so it reads as "work + waiting" when
+    // ranks have a core each; on a loaded machine it is the better guide.
+    if (rank == 0)
+      std::printf("np=%d float32 allreduce %8lld bytes: median %9.1f us (min %9.1f)  busbw %6.2f "
+                  "GB/s  rank-0 CPU %9.1f us\n",
+                  size, (long long)bytes, med * 1e6, times[0] * 1e6, busbw,
+                  cpu[cpu.size() / 2] * 1e6);
+  }
+  return 0;
+}
+
+// --- The parent: fork, watch, report --------------------------------------
+
+int RunJob(int size, double timeout_s, const std::function<int(Bus*, int, int)>& body,
+           bool expect_victim = false) {
+  Bus* bus = NewBus();
+  std::vector<pid_t> kids;
+  for (int r = 0; r < size; ++r) {
+    std::fflush(nullptr);
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      g_rank = r;
+      if (g_pin) {  // rank r on CPU r (mod the CPUs): no two ranks share one
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(r % std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))), &set);
+        sched_setaffinity(0, sizeof set, &set);
+      }
+      while (bus->go.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      int rc = body(bus, r, size);
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    kids.push_back(pid);
+    bus->pids[r] = pid;
+  }
+  bus->go.store(1);
+  const double deadline = Now() + timeout_s;
+  int failed = 0;
+  std::vector<bool> done(size, false);
+  for (int left = size; left > 0;) {
+    for (int r = 0; r < size; ++r) {
+      int status = 0;
+      if (done[r] || waitpid(kids[r], &status, WNOHANG) != kids[r]) continue;
+      done[r] = true;
+      --left;
+      const bool victim = expect_victim && r == size - 1;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && !victim) {
+        std::fprintf(stderr, "rank %d failed (%s %d)\n", r, WIFEXITED(status) ? "exit" : "signal",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        ++failed;
+      }
+    }
+    if (left > 0 && Now() > deadline) {
+      std::fprintf(stderr, "TIMEOUT after %.0f s: killing the ranks still running\n", timeout_s);
+      for (int r = 0; r < size; ++r)
+        if (!done[r]) kill(kids[r], SIGKILL);
+      for (int r = 0; r < size; ++r)
+        if (!done[r]) waitpid(kids[r], nullptr, 0);
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (pid_t pid : kids) {
+    if (ShmHasEntriesOf(pid)) {
+      std::fprintf(stderr, "a tfring segment of pid %d is left in /dev/shm\n", pid);
+      ++failed;
+    }
+  }
+  munmap(bus, sizeof(Bus));
+  return failed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes;
+  double timeout = 240;
+  bool bench = false;
+  ShmOptions opts;
+  std::vector<int64_t> bench_sizes;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() { return i + 1 < argc ? argv[++i] : "0"; };
+    if (a == "--np") sizes.push_back(std::atoi(next()));
+    else if (a == "--timeout") timeout = std::atof(next());
+    else if (a == "--bench") bench = true;
+    else if (a == "--pin") g_pin = true;
+    else if (a == "--skew") g_skew_us = std::atof(next());
+    else if (a == "--chunk") opts.chunk_bytes = std::atoll(next());
+    else if (a == "--small") opts.small_allreduce_bytes = std::atoll(next());
+    else if (a == "--spin") opts.spin_ns = std::atoll(next());
+    else if (a == "--bytes") bench_sizes.push_back(std::atoll(next()));
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (sizes.empty()) sizes = {2, 3};
+  if (bench_sizes.empty()) bench_sizes = {4LL << 10, 64LL << 10, 1LL << 20, 16LL << 20, 64LL << 20};
+  int failed = 0;
+  for (int size : sizes) {
+    if (size < 2 || size > 4) {
+      std::fprintf(stderr, "--np must be 2..4 (the exact-value checks assume it)\n");
+      return 2;
+    }
+    if (bench) {
+      failed += RunJob(size, timeout, [&](Bus* b, int r, int n) { return RunBench(b, r, n, opts, bench_sizes); });
+      continue;
+    }
+    std::printf("== np=%d: collectives\n", size);
+    failed += RunJob(size, timeout, RunCorrectness);
+    for (const char* how : {"kill", "exit", "leave"}) {
+      std::printf("== np=%d: a rank %ss mid-job\n", size, how);
+      failed += RunJob(size, 60, [how](Bus* b, int r, int n) { return RunFailure(b, r, n, how); },
+                       true);
+    }
+  }
+  std::printf("shm_test: %s\n", failed == 0 ? "all passed" : "FAILED");
+  return failed == 0 ? 0 : 1;
+}
