@@ -535,7 +535,8 @@ ResponseList Controller::BuildResponseList() {
         if (joined_[r]) joined_ranks.push_back(r);
       resp = ErrorResponse(name, std::string(CollectiveName(type)) + " of tensor '" + name +
                                      "' cannot run while " + RankList(joined_ranks) +
-                                     " have called join(); only allreduce can.");
+                                     (joined_ranks.size() == 1 ? " has" : " have") +
+                                     " called join(); only allreduce can.");
     } else {
       resp = Validate(name, p);
     }

@@ -1,0 +1,174 @@
+"""Rank script for tests/common/test_faults.py: one scenario per run.
+
+    tfringrun -np N python tests/common/fault_worker.py SCENARIO DIR [ARGS...]
+
+Every rank first records its pid and its wrapper's pid in DIR/pids.RANK, and
+after init() the /dev/shm files it has mapped in DIR/shm.RANK, so the test
+can check afterwards that none of them outlived the job. Results are printed
+as single lines the test parses (RESULT ...).
+"""
+import os
+import sys
+import threading
+import time
+
+RANK = int(os.environ.get("PMI_RANK", "0"))
+SCENARIO, DIR = sys.argv[1], sys.argv[2]
+ARGS = sys.argv[3:]
+
+
+def _write(name, text):
+    path = os.path.join(DIR, name)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
+
+
+def say(*words):
+    print("RESULT", RANK, *words, flush=True)
+
+
+_write(f"pids.{RANK}", f"{os.getpid()} {os.getppid()}")
+
+import tensorflow as tf  # noqa: E402
+
+import tfring.tensorflow as hvd  # noqa: E402
+
+
+def start():
+    hvd.init()
+    # Every rank has joined MPI's shared memory once a collective has run.
+    hvd.allreduce(tf.ones([4]), op=hvd.Sum, name="warm_up")
+    mapped = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith("/dev/shm/") and "(deleted)" not in line:
+                mapped.add(fields[5])
+    _write(f"shm.{hvd.rank()}", "".join(p + "\n" for p in sorted(mapped)))
+
+
+def one_line(message):
+    return " ".join(message.split())
+
+
+def dead_rank():
+    """ARGS: HOW VICTIM. The victim dies (kill: SIGKILL, exit: os._exit(3),
+    raise: an uncaught ValueError) while the other ranks wait in a collective
+    it never submits; they report how long it took them to hear of it."""
+    how, victim = ARGS[0], int(ARGS[1])
+    start()
+    if hvd.rank() == victim:
+        time.sleep(0.5)  # the others are in the collective by now
+        _write("death_time", repr(time.time()))
+        if how == "kill":
+            os.kill(os.getpid(), 9)
+        elif how == "exit":
+            os._exit(3)
+        raise ValueError("the victim gave up")
+    try:
+        hvd.allreduce(tf.ones([8]), name="never_completes")
+    except tf.errors.AbortedError as e:
+        took = time.time() - float(open(os.path.join(DIR, "death_time")).read())
+        say("DETECTED", f"{took:.3f}", one_line(e.message))
+    else:
+        say("NO_ERROR")
+        return
+    # A later collective fails the same way, at once.
+    begin = time.time()
+    try:
+        hvd.allreduce(tf.ones([1]), name="later")
+    except tf.errors.AbortedError as e:
+        say("LATER", f"{time.time() - begin:.3f}", one_line(e.message))
+    say("DONE")
+    # Stay until every survivor has heard of the death. A survivor that exits
+    # at once is a second dead peer, and a rank whose monitor looks later may
+    # name it instead of the victim: the monitor reports the lowest dead rank,
+    # not the first to die (FAULT_NO_WAIT=1 shows that).
+    _write(f"done.{hvd.rank()}", "1")
+    survivors = [r for r in range(hvd.size()) if r != victim]
+    deadline = time.time() + 10
+    while (os.environ.get("FAULT_NO_WAIT") != "1" and time.time() < deadline and
+           not all(os.path.exists(os.path.join(DIR, f"done.{r}")) for r in survivors)):
+        time.sleep(0.02)
+
+
+def stall():
+    """ARGS: WAIT. Rank 0 submits 'stalled_tensor' at once; the other ranks
+    submit it after WAIT seconds, or earlier if the job stops (stall shutdown)."""
+    wait = float(ARGS[0])
+    start()
+    begin = time.time()
+    if hvd.rank() != 0:
+        while hvd.is_initialized() and time.time() < begin + wait:
+            time.sleep(0.05)
+    try:
+        out = hvd.allreduce(tf.ones([3]), op=hvd.Sum, name="stalled_tensor")
+        say("COMPLETED", f"{time.time() - begin:.3f}", out.numpy()[0])
+    except tf.errors.AbortedError as e:
+        say("ABORTED", f"{time.time() - begin:.3f}", one_line(e.message))
+
+
+def shutdown_pending():
+    """Rank 0 starts a collective on a thread that rank 1 never submits, then
+    calls shutdown(); the pending collective must fail, not hang."""
+    start()
+    if hvd.rank() == 0:
+        outcome = []
+
+        def pending():
+            try:
+                hvd.allreduce(tf.ones([2]), name="never_submitted_elsewhere")
+                outcome.append("COMPLETED")
+            except tf.errors.AbortedError as e:
+                outcome.append("ABORTED " + one_line(e.message))
+            except Exception as e:  # noqa: BLE001 - reported to the test
+                outcome.append(f"OTHER {type(e).__name__} {one_line(str(e))}")
+        thread = threading.Thread(target=pending)
+        thread.start()
+        time.sleep(1.0)  # the collective is in flight
+        begin = time.time()
+        hvd.shutdown()
+        thread.join(timeout=10)
+        say("SHUTDOWN_TOOK", f"{time.time() - begin:.3f}")
+        say("THREAD", "HUNG" if thread.is_alive() else outcome[0])
+        try:
+            hvd.allreduce(tf.ones([1]), name="after_shutdown")
+        except tf.errors.FailedPreconditionError as e:
+            say("AFTER", one_line(e.message))
+    else:
+        deadline = time.time() + 20
+        while hvd.is_initialized() and time.time() < deadline:
+            time.sleep(0.05)
+        try:
+            hvd.allreduce(tf.ones([1]), name="after_peer_shutdown")
+            say("PEER", "COMPLETED")
+        except tf.errors.AbortedError as e:
+            say("PEER", one_line(e.message))
+
+
+def loop():
+    """Collectives until stopped from outside (Ctrl-C on tfringrun)."""
+    start()
+    n = 0
+    while True:
+        hvd.allreduce(tf.ones([256]), name="loop")
+        n += 1
+        if n == 20:
+            _write(f"looping.{hvd.rank()}", "1")
+
+
+def log():
+    """A few collectives at whatever TFRING_LOG_LEVEL the job has; rank 1
+    turns timestamps on for itself."""
+    if RANK == 1:
+        os.environ["TFRING_LOG_TIMESTAMPS"] = "1"
+    start()
+    hvd.allgather(tf.ones([1]), name="log_gather")
+    hvd.shutdown()
+    say("DONE")
+
+
+if __name__ == "__main__":
+    {"dead_rank": dead_rank, "stall": stall, "shutdown_pending": shutdown_pending,
+     "loop": loop, "log": log}[SCENARIO]()
