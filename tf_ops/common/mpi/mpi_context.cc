@@ -1,5 +1,7 @@
 #include "mpi_context.h"
 
+#include <sched.h>
+
 #include <chrono>
 #include <thread>
 
@@ -38,6 +40,9 @@ Status MPICommunicator::Wait(MPI_Request* request, const char* what, bool spin) 
     if (rc != MPI_SUCCESS) return MPIStatus(rc, what);
     if (done) return Status::OK();
     if (monitor_ && (polls & 63) == 63) TFRING_RETURN_IF_ERROR(monitor_->Check());
+    // Even a spinning wait lets others run now and then: with more ranks than
+    // cores, the peer it waits for may need this core.
+    if (spin && polls >= 64) sched_yield();
     if (!spin && polls >= 200) {
       std::this_thread::sleep_for(sleep);
       if (sleep < std::chrono::microseconds(1000)) sleep *= 2;

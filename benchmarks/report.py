@@ -1,0 +1,465 @@
+"""Turns benchmarks/results/*.jsonl into benchmarks/RESULTS.md and PNG plots.
+
+    python benchmarks/report.py [--results-dir benchmarks/results] [--out benchmarks/RESULTS.md]
+
+run_all.py calls it at the end. Plots (busbw against size, tfring against
+mpi4py, one per collective and rank count) need matplotlib; without it the
+report is written without them and says so.
+"""
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_common as bc  # noqa: E402
+
+# Issue 5's targets and the Horovod 0.28.1 figures it quotes (same kind of
+# machine: 2 cores, np=2, TF CPU, MPICH wheel).
+HOROVOD = {
+    "allreduce_64M": "91-94 ms",
+    "latency_4K": "1.07 ms",
+    "step200": "17.6 ms",
+    "efficiency": "0.66 (MPI) - 0.76 (Gloo) vs 2 x np=1",
+    "idle": "about 0.99 on rank 0",
+}
+
+
+def fmt(x, digits=3):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def ms(seconds):
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def load(results):
+    return {name: bc.read_jsonl(os.path.join(results, f"{name}.jsonl"))
+            for name in ("collectives", "small_tensors", "idle", "training", "commands")}
+
+
+def read_machine(results):
+    path = os.path.join(results, "machine.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------- collectives
+
+def collective_index(records):
+    """{np: {collective: {label: {nominal_bytes: record}}}}"""
+    idx = collections.defaultdict(lambda: collections.defaultdict(dict))
+    for r in records:
+        idx[r["np"]][r["collective"]].setdefault(r["label"], {})[r["nominal_bytes"]] = r
+    return idx
+
+
+def labels_in_order(by_label):
+    order = ["auto", "shm", "ring", "mpi"]
+    return sorted(by_label, key=lambda l: (order.index(l) if l in order else len(order), l))
+
+
+def mpi4py_baseline(by_label, nominal):
+    """mpi4py's figure for a size: from the 'auto' launch when there is one
+    (its own reference), else the first launch that has the size."""
+    for label in labels_in_order(by_label):
+        rec = by_label[label].get(nominal)
+        if rec:
+            return rec
+    return None
+
+
+def collectives_section(records, lines, plots):
+    idx = collective_index(records)
+    if not idx:
+        lines.append("_No collective results._\n")
+        return
+    for n in sorted(idx):
+        for coll in ("allreduce", "allgather", "broadcast"):
+            by_label = idx[n].get(coll)
+            if not by_label:
+                continue
+            labels = labels_in_order(by_label)
+            sizes = sorted({s for lab in by_label.values() for s in lab})
+            any_rec = next(iter(next(iter(by_label.values())).values()))
+            lines.append(f"### {coll}, np={n} (busbw factor {any_rec['busbw_factor']:.3g})\n")
+            head = "| size |"
+            rule = "|---:|"
+            for lab in labels:
+                head += f" tfring[{lab}] ms | busbw GB/s |"
+                rule += "---:|---:|"
+            head += " mpi4py ms | busbw GB/s |"
+            rule += "---:|---:|"
+            for lab in labels:
+                head += f" ratio[{lab}] |"
+                rule += "---:|"
+            lines += [head, rule]
+            for s in sizes:
+                row = f"| {bc.human_size(s)} |"
+                for lab in labels:
+                    rec = by_label[lab].get(s)
+                    row += (f" {ms(rec['tfring_s'])} | {fmt(rec['tfring_busbw'])} |" if rec
+                            else " - | - |")
+                base = by_label.get("auto", {}).get(s) or mpi4py_baseline(by_label, s)
+                row += f" {ms(base['mpi4py_s'])} | {fmt(base['mpi4py_busbw'])} |"
+                for lab in labels:
+                    rec = by_label[lab].get(s)
+                    row += f" {rec['ratio']:.2f}x |" if rec else " - |"
+                lines.append(row)
+            lines.append("")
+            lines.append("ratio[X] = tfring busbw / mpi4py busbw, both measured in launch X "
+                         "(interleaved iterations). The mpi4py column is from the "
+                         f"`{'auto' if 'auto' in by_label else labels[0]}` launch.\n")
+            png = f"{coll}_busbw_np{n}.png"
+            if png in plots:
+                lines.append(f"![{coll} busbw np={n}](results/{png})\n")
+
+
+def make_plots(records, results):
+    """Writes one PNG per (collective, np); returns the file names written, or
+    None when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FixedLocator, NullLocator
+    except ImportError:
+        print("report.py: matplotlib is not installed; skipping plots "
+              "(pip install matplotlib)", file=sys.stderr)
+        return None
+    written = []
+    idx = collective_index(records)
+    for n, colls in idx.items():
+        for coll, by_label in colls.items():
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            labels = labels_in_order(by_label)
+            # One colour per launch: tfring solid, mpi4py (same launch) dashed.
+            for i, lab in enumerate(labels):
+                recs = [by_label[lab][s] for s in sorted(by_label[lab])]
+                ax.plot([r["bytes"] for r in recs], [r["tfring_busbw"] for r in recs],
+                        marker="o", color=f"C{i}", label=f"tfring ({lab} plane)")
+                ax.plot([r["bytes"] for r in recs], [r["mpi4py_busbw"] for r in recs],
+                        marker="x", linestyle="--", color=f"C{i}",
+                        label=f"mpi4py (in the {lab} launch)")
+            sizes = sorted({s for lab in by_label.values() for s in lab})
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.xaxis.set_major_locator(FixedLocator(sizes))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticks(sizes, [bc.human_size(s) for s in sizes])
+            ax.set_xlabel("size (bytes)")
+            ax.set_ylabel("busbw (GB/s)")
+            ax.set_title(f"{coll} float32, np={n}: bus bandwidth (median)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            name = f"{coll}_busbw_np{n}.png"
+            fig.savefig(os.path.join(results, name), dpi=110)
+            plt.close(fig)
+            written.append(name)
+    return written
+
+
+# --------------------------------------------------------------------------- other parts
+
+def small_section(records, lines):
+    if not records:
+        lines.append("_No small-tensor results._\n")
+        return
+    lines += ["| launch | np | TFRING_CACHE_CAPACITY | 200 x 4 KB step, median ms | q1-q3 ms "
+              "| TF floor (200 multiplies) ms |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for r in records:
+        s, f = r["step200"], r["floor200"]
+        lines.append(f"| {r['label']} | {r['np']} | {r['cache_capacity']} | {ms(s['median'])} | "
+                     f"{ms(s['q1'])}-{ms(s['q3'])} | {ms(f['median'])} |")
+    lines.append("")
+    lines += ["Single 4 KB float32 allreduce and TF dispatch latency (median ms, "
+              "slowest rank per call):", ""]
+    keys = ["function_allreduce", "eager_allreduce", "mpi4py_allreduce", "function_identity",
+            "eager_identity"]
+    lines += ["| launch | " + " | ".join(keys) + " | target: 1.5 x (mpi4py + identity fn) |",
+              "|---|" + "---:|" * (len(keys) + 1)]
+    for r in records:
+        lat = r["latency"]
+        lines.append(f"| {r['label']} | " + " | ".join(ms(lat[k]["median"]) for k in keys) +
+                     f" | {ms(r['latency_target_s'])} |")
+    lines.append("")
+
+
+def idle_section(records, lines):
+    if not records:
+        lines.append("_No idle-CPU results._\n")
+        return
+    lines += ["| rank | idle s | CPU-s/s (/proc) | CPU-s/s (getrusage) | before hvd.init | "
+              "threads | busiest threads (CPU s) |",
+              "|---:|---:|---:|---:|---:|---:|---|"]
+    for r in sorted(records, key=lambda r: r["rank"]):
+        i, b = r["idle"], r.get("baseline")
+        busy = ", ".join(f"{t['name']}[{t['tid']}] {t['cpu_s']:.3f}"
+                         for t in i["busy_threads"][:3]) or "-"
+        lines.append(f"| {r['rank']} | {i['wall_s']:.1f} | {i['cpu_per_s']:.4f} | "
+                     f"{i['rusage_cpu_per_s']:.4f} | "
+                     f"{fmt(b['rusage_cpu_per_s'], 4) if b else '-'} | {i['threads']} | {busy} |")
+    lines.append("")
+
+
+def window_rate(ends, t0, t1, batch):
+    inside = [t for t in ends if t0 <= t <= t1]
+    if len(inside) < 2:
+        return None
+    return (len(inside) - 1) * batch / (inside[-1] - inside[0])
+
+
+def training_numbers(records):
+    by = collections.defaultdict(list)
+    for r in records:
+        by[r["label"]].append(r)
+    out = {}
+    for label in ("np1", "np2"):
+        if by.get(label):
+            out[label] = {"total": sum(r["images_per_sec"] for r in by[label]),
+                          "per_rank": [r["images_per_sec"] for r in by[label]],
+                          "batches": by[label][0]["steps"], "np": by[label][0]["np"]}
+    indep = by.get("indep", [])
+    if len(indep) >= 2:
+        t0 = max(r["batch_end_times"][0] for r in indep)
+        t1 = min(r["batch_end_times"][-1] for r in indep)
+        span = max(r["batch_end_times"][-1] for r in indep) - min(r["batch_end_times"][0]
+                                                                   for r in indep)
+        rates = [window_rate(r["batch_end_times"], t0, t1, r["batch_size"]) for r in indep]
+        if all(rates):
+            out["indep"] = {"total": sum(rates), "per_rank": rates,
+                            "alone": [r["images_per_sec"] for r in indep],
+                            "overlap_s": t1 - t0, "overlap_frac": (t1 - t0) / span}
+    if "np1" in out and "np2" in out:
+        out["efficiency"] = out["np2"]["total"] / (2 * out["np1"]["total"])
+    if "np2" in out and "indep" in out:
+        out["efficiency_vs_ceiling"] = out["np2"]["total"] / out["indep"]["total"]
+    if "np1" in out and "indep" in out:
+        out["ceiling"] = out["indep"]["total"] / (2 * out["np1"]["total"])
+    return out
+
+
+def training_section(records, lines):
+    t = training_numbers(records)
+    if not t:
+        lines.append("_No training results._\n")
+        return t
+    first = records[0]
+    lines.append(f"Model: small CNN, {first['params']:,} parameters; batch {first['batch_size']} "
+                 f"per rank; {first['image_size']}x{first['image_size']}x3 synthetic images; "
+                 f"{first['threads']} intra-op and inter-op thread(s) per rank; Keras "
+                 f"{first.get('keras_version')} `model.fit`, `jit_compile=False`.\n")
+    lines += ["| run | images/sec per rank | total images/sec | measured batches |",
+              "|---|---|---:|---:|"]
+    for label, name in (("np1", "np=1"), ("np2", "np=2 (tfring)"),
+                        ("indep", "2 x independent np=1 at once (ceiling)")):
+        if label in t:
+            x = t[label]
+            per = ", ".join(f"{v:.1f}" for v in x["per_rank"])
+            extra = x.get("batches", "")
+            if label == "indep":
+                extra = (f"overlap window {x['overlap_s']:.1f} s "
+                         f"({x['overlap_frac']:.0%} of the span)")
+            lines.append(f"| {name} | {per} | {x['total']:.1f} | {extra} |")
+    lines.append("")
+    if "efficiency" in t:
+        lines.append(f"- scaling efficiency total(np=2) / (2 x np=1): **{t['efficiency']:.3f}**")
+    if "efficiency_vs_ceiling" in t:
+        lines.append(f"- against the no-communication ceiling total(np=2) / total(2 x "
+                     f"independent): **{t['efficiency_vs_ceiling']:.3f}**")
+    if "ceiling" in t:
+        lines.append(f"- the machine's own ceiling total(2 x independent) / (2 x np=1): "
+                     f"{t['ceiling']:.3f}")
+    lines.append("")
+    return t
+
+
+# --------------------------------------------------------------------------- targets
+
+def targets_section(data, training, lines):
+    coll = collective_index(data["collectives"])
+    small = {r["label"]: r for r in data["small_tensors"] if r["np"] == 2}
+    idle = data["idle"]
+    rows = []
+
+    def ar(nominal):
+        return coll.get(2, {}).get("allreduce", {}).get("auto", {}).get(nominal)
+
+    for nominal, goal, key in ((64 * bc.MB, 3.0, "allreduce_64M"), (bc.MB, 1.5, None)):
+        r = ar(nominal)
+        if r:
+            got = (f"{r['ratio']:.2f}x ({ms(r['tfring_s'])} ms vs MPI {ms(r['mpi4py_s'])} ms; "
+                   f"busbw {r['tfring_busbw']:.2f} vs {r['mpi4py_busbw']:.2f} GB/s)")
+            met = "yes" if r["ratio"] >= goal else "no"
+        else:
+            got, met = "not measured", "-"
+        rows.append((f"{bc.human_size(nominal)} allreduce np=2: busbw >= {goal}x MPICH "
+                     "(same run)", got, met, HOROVOD.get(key, "")))
+    on = small.get("cache_on")
+    if on:
+        lat = on["latency"]
+        f = lat["function_allreduce"]["median"]
+        goal = on["latency_target_s"]
+        got = (f"{ms(f)} ms in tf.function (eager {ms(lat['eager_allreduce']['median'])} ms); "
+               f"limit 1.5 x ({ms(lat['mpi4py_allreduce']['median'])} + "
+               f"{ms(lat['function_identity']['median'])}) = {ms(goal)} ms")
+        rows.append(("4 KB allreduce np=2: latency <= 1.5 x (mpi4py + TF dispatch)", got,
+                     "yes" if f <= goal else "no", HOROVOD["latency_4K"]))
+        s = on["step200"]["median"]
+        off = small.get("cache_off")
+        got = f"{ms(s)} ms" + (f" (cache off: {ms(off['step200']['median'])} ms)" if off else "")
+        rows.append(("200 x 4 KB tf.function step np=2: <= 2 ms", got,
+                     "yes" if s <= 2e-3 else "no", HOROVOD["step200"]))
+    else:
+        rows.append(("4 KB allreduce np=2 latency", "not measured", "-", HOROVOD["latency_4K"]))
+        rows.append(("200 x 4 KB step np=2: <= 2 ms", "not measured", "-", HOROVOD["step200"]))
+    if "efficiency_vs_ceiling" in training:
+        e = training["efficiency_vs_ceiling"]
+        got = f"{e:.3f} (vs 2 x np=1: {training.get('efficiency', float('nan')):.3f})"
+        rows.append(("Training np=2: >= 0.97 of the no-communication ceiling", got,
+                     "yes" if e >= 0.97 else "no", HOROVOD["efficiency"]))
+    else:
+        rows.append(("Training np=2: >= 0.97 of the ceiling", "not measured", "-",
+                     HOROVOD["efficiency"]))
+    if idle:
+        worst = max(r["idle"]["cpu_per_s"] for r in idle)
+        got = ", ".join(f"rank {r['rank']}: {r['idle']['cpu_per_s']:.4f}"
+                        for r in sorted(idle, key=lambda r: r["rank"])) + " CPU-s/s"
+        rows.append((f"Idle cost at np={idle[0]['np']}: <= 0.02 CPU-s/s per rank", got,
+                     "yes" if worst <= 0.02 else "no", HOROVOD["idle"]))
+    else:
+        rows.append(("Idle cost <= 0.02 CPU-s/s per rank", "not measured", "-", HOROVOD["idle"]))
+    lines += ["| target (issue 5) | achieved (medians) | met | Horovod 0.28.1 here |",
+              "|---|---|:---:|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    lines.append("")
+
+
+# --------------------------------------------------------------------------- misc
+
+def machine_section(m, lines):
+    if not m:
+        lines.append("_No machine.json (run run_all.py)._\n")
+        return
+    lib = m.get("library") or {}
+    rows = [
+        ("date", f"{m.get('date')} to {m.get('finished')}"),
+        ("CPU", f"{m.get('cpu_model')}, nproc = {m.get('nproc')}"),
+        ("memory", m.get("memory")),
+        ("load average at start / end", f"{m.get('loadavg_start')} / {m.get('loadavg_end')}"),
+        ("kernel, Python", f"{m.get('kernel')}, {m.get('python')}"),
+        ("TensorFlow, Keras", f"{m.get('tensorflow')}, {m.get('keras')}"),
+        ("MPI", f"{m.get('mpi_library')} (mpich wheel {m.get('mpich_wheel')}), "
+                f"mpi4py {m.get('mpi4py')}"),
+        ("numpy, matplotlib", f"{m.get('numpy')}, {m.get('matplotlib')}"),
+        ("git", f"{m.get('git_head')} ({m.get('git_dirty')} changed files under tf_ops/, "
+                "tfring/)"),
+        ("op library", f"{lib.get('path')} built {lib.get('built')}"),
+    ]
+    lines += ["| | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows] + [""]
+    newer = lib.get("sources_newer_than_library") or []
+    if newer:
+        lines.append(f"**Warning: the op library is older than {len(newer)} C++ source file(s) "
+                     f"({', '.join(newer[:6])}{', ...' if len(newer) > 6 else ''}); these "
+                     "numbers are from the library as built, not from the current sources. "
+                     "Rebuild (`pip install --no-build-isolation -e .`) and rerun.**\n")
+
+
+def log_warnings(results):
+    """Distinct tfring warnings/errors printed by any launch, with counts."""
+    seen = collections.Counter()
+    where = {}
+    logs = os.path.join(results, "logs")
+    if not os.path.isdir(logs):
+        return []
+    for name in sorted(os.listdir(logs)):
+        if not name.endswith(".log"):
+            continue
+        with open(os.path.join(logs, name), errors="replace") as f:
+            for line in f:
+                if "[tfring WARNING" in line or "[tfring ERROR" in line:
+                    msg = re.sub(r"^\[\d+\]<std(out|err)>:", "", line.strip())
+                    msg = re.sub(r" rank -?\d+\]", "]", msg)
+                    seen[msg] += 1
+                    where.setdefault(msg, set()).add(name[:-4])
+    return [(m, c, sorted(where[m])) for m, c in seen.most_common()]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results-dir", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    args = p.parse_args(argv)
+    results = os.path.abspath(args.results_dir)
+    data = load(results)
+    machine = read_machine(results)
+    plots = make_plots(data["collectives"], results) if data["collectives"] else []
+
+    L = ["# tfring benchmark results", ""]
+    if machine.get("quick"):
+        L += ["> **QUICK SMOKE RUN** (`--quick`): tiny sizes and durations, to check that the "
+              "suite works. These numbers mean nothing; run `bash benchmarks/run_all.sh` "
+              "for real ones.", ""]
+    L += ["Generated by `benchmarks/report.py` from `benchmarks/results/*.jsonl`. How the "
+          "numbers are taken, and caveats: `benchmarks/README.md`. Times are medians.", ""]
+    L += ["## Machine", ""]
+    machine_section(machine, L)
+
+    L += ["## Targets", ""]
+    training = training_numbers(data["training"])
+    targets_section(data, training, L)
+
+    L += ["## Collectives: tfring op in tf.function vs mpi4py on numpy", ""]
+    L.append("Sizes as in nccl-tests (allgather: the gathered output). algbw = bytes / time; "
+             "busbw = algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather), x 1 (broadcast); "
+             "GB = 1e9 bytes. `tfring[auto]` is the default data-plane choice, "
+             "`tfring[mpi]` forces MPI (`TFRING_CPU_OPERATIONS=mpi`).\n")
+    if plots is None:
+        L.append("_Plots skipped: matplotlib is not installed (`pip install matplotlib`, then "
+                 "`python benchmarks/report.py`)._\n")
+    collectives_section(data["collectives"], L, plots or [])
+
+    L += ["## Many small tensors and 4 KB latency (np=2)", ""]
+    small_section(data["small_tensors"], L)
+
+    L += ["## Idle CPU cost", ""]
+    L.append("Process CPU time (utime + stime) over a sleep after init and a few collectives, "
+             "per second of wall time. 'before hvd.init' is the same process with TF and MPI "
+             "loaded but no tfring background thread.\n")
+    idle_section(data["idle"], L)
+
+    L += ["## Training throughput", ""]
+    training_section(data["training"], L)
+
+    warnings = log_warnings(results)
+    L += ["## tfring warnings in the logs", ""]
+    if warnings:
+        L += [f"- `{m}` x{c} ({', '.join(w)})" for m, c, w in warnings]
+    else:
+        L.append("None.")
+    L.append("")
+
+    L += ["## Commands", "", "Run from the repository root by `benchmarks/run_all.py` "
+          f"(arguments: `{' '.join(machine.get('run_all_args') or []) or '(none)'}`); "
+          "full output of each in `benchmarks/results/logs/NAME.log`.", "", "```"]
+    for c in data["commands"]:
+        status = "" if c["rc"] == 0 else f"   # FAILED: {c['rc']}"
+        L.append(f"# {c['name']} ({c['wall_s']} s){status}")
+        L.append(c["command"])
+    L += ["```", ""]
+
+    with open(args.out, "w") as f:
+        f.write("\n".join(L))
+    print(f"report.py: wrote {os.path.relpath(args.out)}"
+          + (f" and {len(plots)} plot(s) in {os.path.relpath(results)}" if plots else ""))
+
+
+if __name__ == "__main__":
+    main()
