@@ -479,6 +479,7 @@ void BackgroundLoop() {
   bool broken = false;
   while (true) {
     int executed = 0;
+    SetUrgentWaits(HasPendingWork());
     if (!RunLoopOnce(&why, &broken, &executed)) break;
     CheckForStalls(&last_stall_warning);
     const Clock::duration cycle = cycle_now();

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -32,9 +33,18 @@ Status MPIStatus(int code, const char* what) {
   return Status::Aborted(std::string("tfring: MPI ") + what + " failed: " + std::string(msg, len));
 }
 
+namespace {
+std::atomic<bool> g_urgent_waits{false};
+}  // namespace
+
+void SetUrgentWaits(bool urgent) { g_urgent_waits.store(urgent, std::memory_order_relaxed); }
+
 Status MPICommunicator::Wait(MPI_Request* request, const char* what, bool spin) const {
   int done = 0;
   auto sleep = std::chrono::microseconds(10);
+  const bool urgent = g_urgent_waits.load(std::memory_order_relaxed);
+  const auto cap = urgent ? std::chrono::microseconds(100) : std::chrono::microseconds(1000);
+  const int eager_polls = urgent ? 2000 : 200;
   for (int polls = 0;; ++polls) {
     int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return MPIStatus(rc, what);
@@ -43,9 +53,11 @@ Status MPICommunicator::Wait(MPI_Request* request, const char* what, bool spin) 
     // Even a spinning wait lets others run now and then: with more ranks than
     // cores, the peer it waits for may need this core.
     if (spin && polls >= 64) sched_yield();
-    if (!spin && polls >= 200) {
+    if (!spin && polls >= eager_polls) {
       std::this_thread::sleep_for(sleep);
-      if (sleep < std::chrono::microseconds(1000)) sleep *= 2;
+      if (sleep < cap) sleep *= 2;
+    } else if (!spin && polls >= 200) {
+      sched_yield();
     }
   }
 }
