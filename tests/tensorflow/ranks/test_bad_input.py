@@ -198,8 +198,9 @@ def test_join_with_a_non_allreduce_collective(rank, size):
             others = [r for r in range(size) if r != late]
             who = ("rank " if len(others) == 1 else "ranks ") + ", ".join(map(str, others))
             expect_precondition(lambda: hvd.allgather(ones([1]), name=f"jg_{late}"),
-                                f"ALLGATHER of tensor 'jg_{late}' cannot run while {who} have "
-                                "called join(); only allreduce can.")
+                                f"ALLGATHER of tensor 'jg_{late}' cannot run while {who} "
+                                f"{'has' if len(others) == 1 else 'have'} called join(); "
+                                "only allreduce can.")
             expect_precondition(lambda: hvd.broadcast(ones([1]), 0, name=f"jb_{late}"),
                                 f"BROADCAST of tensor 'jb_{late}' cannot run while")
             total = hvd.allreduce(ones([2]) * 3, op=hvd.Sum, name=f"jr_{late}")
