@@ -89,6 +89,24 @@ def _process_set_id(process_set):
     return process_set.process_set_id
 
 
+def _per_dtype(tensors, what, name, prefix, run):
+    """Runs a grouped op once per dtype (the ops take one dtype) and returns
+    the outputs in input order. `run(tensors, group_name)` makes one op."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        _check_dtype(t, what)
+        by_dtype.setdefault(t.dtype, []).append(i)
+    results = [None] * len(tensors)
+    for dtype, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
+        group_name = name if name is None or len(by_dtype) == 1 else f"{name}_{dtype.name}"
+        if group_name is None and not tf.executing_eagerly():
+            group_name = f"{prefix}_{_normalize_name(tensors[idx[0]].name)}"
+        for i, out in zip(idx, run([tensors[i] for i in idx], group_name)):
+            results[i] = out
+    return results
+
+
 def _check_reduce_op(op, prescale_factor, postscale_factor, what):
     if op == Adasum:
         raise NotImplementedError("tfring does not implement Adasum yet; use op=Average or op=Sum.")
@@ -117,28 +135,14 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
                        ignore_name_scope=False, process_set=global_process_set):
     """Allreduces a list of dense tensors as one request per dtype."""
     basics._require_init()
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-    if not tensors:
-        return []
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_allreduce")
-    by_dtype = {}
-    for i, t in enumerate(tensors):
-        _check_dtype(t, "grouped_allreduce")
-        by_dtype.setdefault(t.dtype, []).append(i)
-    results = [None] * len(tensors)
-    for k, (dtype, idx) in enumerate(sorted(by_dtype.items(), key=lambda kv: kv[0].name)):
-        group_name = name
-        if group_name is None and not tf.executing_eagerly():
-            group_name = "HorovodGroupedAllreduce_" + _normalize_name(tensors[idx[0]].name)
-        elif group_name is not None and len(by_dtype) > 1:
-            group_name = f"{group_name}_{dtype.name}"
-        outs = _ops().horovod_grouped_allreduce(
-            [tensors[i] for i in idx], reduce_op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-            process_set_id=_process_set_id(process_set), tensor_name=_key(group_name), name=group_name)
-        for i, o in zip(idx, outs):
-            results[i] = o
-    return results
+    return _per_dtype(tensors, "grouped_allreduce", name, "HorovodGroupedAllreduce",
+                      lambda group, group_name: _ops().horovod_grouped_allreduce(
+                          group, reduce_op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor,
+                          ignore_name_scope=ignore_name_scope,
+                          process_set_id=_process_set_id(process_set),
+                          tensor_name=_key(group_name), name=group_name))
 
 
 def _resolve_op(op, average, default=Average):
@@ -260,22 +264,11 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Allgathers a list of tensors (one request per dtype). Returns a list."""
     basics._require_init()
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-    results = [None] * len(tensors)
-    by_dtype = {}
-    for i, t in enumerate(tensors):
-        _check_dtype(t, "grouped_allgather")
-        by_dtype.setdefault(t.dtype, []).append(i)
-    for dtype, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
-        group_name = name if name is None or len(by_dtype) == 1 else f"{name}_{dtype.name}"
-        if group_name is None and not tf.executing_eagerly():
-            group_name = "HorovodGroupedAllgather_" + _normalize_name(tensors[idx[0]].name)
-        outs = _ops().horovod_grouped_allgather(
-            [tensors[i] for i in idx], ignore_name_scope=ignore_name_scope,
-            process_set_id=_process_set_id(process_set), tensor_name=_key(group_name), name=group_name)
-        for i, o in zip(idx, outs):
-            results[i] = o
-    return results
+    return _per_dtype(tensors, "grouped_allgather", name, "HorovodGroupedAllgather",
+                      lambda group, group_name: _ops().horovod_grouped_allgather(
+                          group, ignore_name_scope=ignore_name_scope,
+                          process_set_id=_process_set_id(process_set),
+                          tensor_name=_key(group_name), name=group_name))
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
@@ -398,23 +391,13 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
     """Reducescatters a list of tensors as one request per dtype. Returns a list."""
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_reducescatter")
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-    results = [None] * len(tensors)
-    by_dtype = {}
-    for i, t in enumerate(tensors):
-        _check_dtype(t, "grouped_reducescatter")
-        by_dtype.setdefault(t.dtype, []).append(i)
-    for dtype, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
-        group_name = name if name is None or len(by_dtype) == 1 else f"{name}_{dtype.name}"
-        if group_name is None and not tf.executing_eagerly():
-            group_name = "HorovodGroupedReducescatter_" + _normalize_name(tensors[idx[0]].name)
-        outs = _ops().horovod_grouped_reducescatter(
-            [tensors[i] for i in idx], reduce_op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-            process_set_id=_process_set_id(process_set), tensor_name=_key(group_name), name=group_name)
-        for i, o in zip(idx, outs):
-            results[i] = o
-    return results
+    return _per_dtype(tensors, "grouped_reducescatter", name, "HorovodGroupedReducescatter",
+                      lambda group, group_name: _ops().horovod_grouped_reducescatter(
+                          group, reduce_op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor,
+                          ignore_name_scope=ignore_name_scope,
+                          process_set_id=_process_set_id(process_set),
+                          tensor_name=_key(group_name), name=group_name))
 
 
 def join(process_set=global_process_set):

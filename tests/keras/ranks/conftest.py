@@ -12,22 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfring.tensorflow as hvd
-
-
-@pytest.fixture(scope="session", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-
-
-@pytest.fixture(scope="session")
-def rank():
-    return hvd.rank()
-
-
-@pytest.fixture(scope="session")
-def size():
-    return hvd.size()
+from rank_fixtures import initialized, rank, size  # noqa: F401  (shared by every rank suite)
 
 
 @pytest.fixture(scope="session")

@@ -6,24 +6,7 @@ order, so their collectives line up.
 """
 import pytest
 from tf_helpers import MODES
-
-import tfring.tensorflow as hvd
-
-
-@pytest.fixture(scope="session", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-
-
-@pytest.fixture(scope="session")
-def rank():
-    return hvd.rank()
-
-
-@pytest.fixture(scope="session")
-def size():
-    return hvd.size()
+from rank_fixtures import initialized, rank, size  # noqa: F401  (shared by every rank suite)
 
 
 @pytest.fixture(params=MODES)

@@ -8,24 +8,7 @@ collectives as they run on that plane.
 import os
 
 import pytest
-
-import tfring.tensorflow as hvd
-
-
-@pytest.fixture(scope="session", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-
-
-@pytest.fixture(scope="session")
-def rank():
-    return hvd.rank()
-
-
-@pytest.fixture(scope="session")
-def size():
-    return hvd.size()
+from rank_fixtures import initialized, rank, size  # noqa: F401  (shared by every rank suite)
 
 
 @pytest.fixture(scope="session")
