@@ -19,3 +19,31 @@ def rank():
 @pytest.fixture(scope="session")
 def size():
     return hvd.size()
+
+
+def _registered_set(size, ranks):
+    """Adds the process set `ranks` on every rank (a collective call), yields
+    it and removes it again. Skipped alike on every rank of a one-rank job,
+    where no set can leave a rank out."""
+    if size < 2:
+        pytest.skip("needs a rank outside the process set")
+    ps = hvd.add_process_set(ranks)
+    try:
+        yield ps
+    finally:
+        hvd.remove_process_set(ps)
+
+
+@pytest.fixture
+def set_without_rank_0(size):
+    """Ranks 1..size-1: set ranks differ from job-wide ranks, the case where
+    Horovod's job-wide root_rank and a set rank part ways."""
+    yield from _registered_set(size, list(range(1, size)))
+
+
+@pytest.fixture(params=["without_rank_0", "without_last_rank"])
+def partial_set(request, size):
+    """A process set that leaves one rank out: rank 0 (so the set starts at
+    rank 1) or the last rank."""
+    ranks = list(range(1, size)) if request.param == "without_rank_0" else list(range(size - 1))
+    yield from _registered_set(size, ranks)

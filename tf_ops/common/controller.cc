@@ -398,11 +398,25 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
         err = "Mismatched BROADCAST root ranks for tensor " + quoted +
               ": One rank specified root rank " + m.first +
               ", but another rank specified root rank " + m.second + detail(root_of);
-      } else if (ref.root_rank < 0 || ref.root_rank >= size()) {
-        err = "Invalid BROADCAST root rank " + std::to_string(ref.root_rank) + " for tensor " +
-              quoted + ": the root must be in [0, " + std::to_string(size()) + ").";
       } else {
-        err = check_same_shape();
+        // Requests carry root_rank as the user gave it: a job-wide rank, as in
+        // Horovod. Here, the one place every path (eager, graph, in-place,
+        // gradients) passes through, it becomes the root's rank in the set.
+        auto it = std::find(global_ranks_.begin(), global_ranks_.end(), ref.root_rank);
+        if (it == global_ranks_.end()) {
+          bool whole_range = true;
+          for (int i = 0; i < size(); ++i) whole_range = whole_range && global_ranks_[i] == i;
+          std::string ranks;
+          for (int g : global_ranks_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(g);
+          err = "Invalid BROADCAST root rank " + std::to_string(ref.root_rank) + " for tensor " +
+                quoted +
+                (whole_range ? ": the root must be in [0, " + std::to_string(size()) + ")."
+                             : ": root_rank is a job-wide rank and must be one of the process "
+                               "set's ranks [" + ranks + "].");
+        } else {
+          resp.root_rank = static_cast<int32_t>(it - global_ranks_.begin());
+          err = check_same_shape();
+        }
       }
       break;
     }

@@ -19,7 +19,7 @@ struct Request {
   CollectiveType type = CollectiveType::ALLREDUCE;
   DataType dtype = DataType::FLOAT32;
   std::string name;
-  int32_t root_rank = 0;
+  int32_t root_rank = 0;  // BROADCAST: job-wide rank, as the user gave it
   ReduceOp reduce_op = ReduceOp::SUM;
   double prescale_factor = 1.0;
   double postscale_factor = 1.0;
@@ -55,7 +55,7 @@ struct Response {
   ReduceOp reduce_op = ReduceOp::SUM;
   double prescale_factor = 1.0;
   double postscale_factor = 1.0;
-  int32_t root_rank = 0;
+  int32_t root_rank = 0;  // BROADCAST: the root's rank within the process set
   // ALLREDUCE: element count of each tensor (lets a joined rank contribute
   // zeros). ALLGATHER: first-dimension size of each tensor on each rank,
   // tensor-major. ALLTOALL: the size x size split matrix, sender-major.

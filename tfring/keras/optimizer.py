@@ -146,7 +146,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         average_aggregated_gradients: divide that local sum by the number of steps.
         num_groups, groups: reduce gradients in this many groups, or in the
             given lists of variables.
-        process_set: the ranks that reduce.
+        process_set: the ranks that reduce; ranks outside it apply their
+            local gradients, as in Horovod.
 
     Returns:
         The distributed optimizer (an instance of a subclass of optimizer's class).

@@ -25,7 +25,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
     Args:
         variables: tf.Variables (the same list, in the same order, on every rank).
-        root_rank: the rank whose values win.
+        root_rank: the job-wide rank whose values win, also with a process
+            set (as in Horovod); it must be one of the set's ranks.
         process_set: the ranks taking part.
         inplace: write into the variables' buffers directly instead of assigning.
 
@@ -33,7 +34,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         In graph mode, the op that does it; in eager mode, None.
 
     Raises:
-        tf.errors.FailedPreconditionError: ranks' variables disagree in shape or dtype.
+        tf.errors.FailedPreconditionError: ranks' variables disagree in shape or
+            dtype, or root_rank is not a rank of the process set.
 
     Example:
         >>> hvd.broadcast_variables(model.variables, root_rank=0)
@@ -105,26 +107,32 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
 
     Args:
         obj: any cloudpickle-able object (only the root's matters).
-        root_rank: the sending rank.
+        root_rank: the sending rank: a job-wide rank, also with a process
+            set (as in Horovod).
         session: a tf.compat.v1.Session in TF1 graph mode.
         name: a name for the collectives.
+        process_set: the ranks taking part; root_rank must be one of them.
 
     Returns:
         The root's object, on every rank.
+
+    Raises:
+        tf.errors.FailedPreconditionError: root_rank is not a rank of the set.
 
     Example:
         >>> config = hvd.broadcast_object(config if hvd.rank() == 0 else None)
     """
     basics._require_init()
     name = name or "broadcast_object"
-    if process_set.rank() == root_rank:
+    is_root = basics.rank() == root_rank
+    if is_root:
         payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     else:
         payload = np.zeros([0], dtype=np.uint8)
     length = mpi_ops.broadcast(tf.constant([payload.size], tf.int64), root_rank,
                                name=f"{name}_size", process_set=process_set)
     length = int(_run(length, session)[0])
-    if process_set.rank() != root_rank:
+    if not is_root:
         payload = np.zeros([length], dtype=np.uint8)
     data = mpi_ops.broadcast(tf.constant(payload), root_rank, name=f"{name}_data",
                              process_set=process_set)
@@ -132,7 +140,18 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
-    """Returns a function that broadcasts its argument like broadcast_object()."""
+    """Returns a function that broadcasts its argument like broadcast_object().
+
+    Args:
+        root_rank, session, name, process_set: as for broadcast_object().
+
+    Returns:
+        A function obj -> the root's obj.
+
+    Example:
+        >>> sync = hvd.broadcast_object_fn(root_rank=0)
+        >>> epoch = sync(epoch)
+    """
     return lambda obj: broadcast_object(obj, root_rank, session, name, process_set)
 
 

@@ -25,7 +25,9 @@ class GradientReducer:
             and by size/factor after, to keep large sums in range.
         groups: None, a number of groups, or a list of lists of variables; each
             group is reduced as one request.
-        process_set: the ranks that reduce.
+        process_set: the ranks that reduce. On a rank outside the set the
+            gradients stay local (Horovod's behaviour), so one training
+            script can serve members and non-members alike.
         local_variables: variables whose gradients stay local (not reduced);
             divided by size when `scale_local_gradients`.
 
@@ -85,13 +87,16 @@ class GradientReducer:
         local = set()
         if variables is not None and self.local_refs:
             local = {i for i, v in enumerate(variables) if id(v) in self.local_refs}
+        member = self.process_set.included()
         with tf.name_scope(self.name):
             dense, sparse = [], []
             for i, g in enumerate(grads):
                 if g is None or i in local:
                     continue
                 if isinstance(g, tf.IndexedSlices) and self.sparse_as_dense:
-                    grads[i] = g = tf.convert_to_tensor(g)
+                    out[i] = grads[i] = g = tf.convert_to_tensor(g)
+                if not member:
+                    continue
                 (sparse if isinstance(g, tf.IndexedSlices) else dense).append(i)
             for i in sparse:
                 out[i] = mpi_ops.allreduce(grads[i], op=self.op, process_set=self.process_set)

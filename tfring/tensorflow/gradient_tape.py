@@ -48,7 +48,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
         op: hvd.Average (default) or hvd.Sum.
         gradient_predivide_factor: see GradientReducer.
         groups: None, a number of groups, or lists of variables reduced together.
-        process_set: the ranks that reduce.
+        process_set: the ranks that reduce; on ranks outside it gradient()
+            returns the local gradients, as in Horovod.
 
     Returns:
         A tape of the same class whose gradient() returns reduced gradients.

@@ -278,14 +278,25 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     Args:
         tensor: the tensor; only the root's value matters, but every rank's
             must have the same shape and dtype.
-        root_rank: the rank (within the process set) whose value is sent.
+        root_rank: the job-wide rank (hvd.rank() of the sender) whose value
+            is sent, also with a process set, as in Horovod: with the set
+            [1, 2], root_rank=1 sends global rank 1's value.
+        name, ignore_name_scope: as for allreduce().
+        process_set: the ranks taking part (default: all); root_rank must
+            be one of them.
+
+    Returns:
+        The root's tensor, on every rank of the set.
 
     Raises:
-        tf.errors.FailedPreconditionError: ranks disagree on root, shape or
-            dtype, or the root is out of range.
+        tf.errors.FailedPreconditionError: on every rank, when ranks disagree
+            on root, shape or dtype, or the root is not a rank of the set.
 
     Example:
         >>> w = hvd.broadcast(tf.random.normal([3]), root_rank=0)
+        >>> pair = hvd.add_process_set([1, 2])
+        >>> if pair.included():
+        ...     w = hvd.broadcast(w, root_rank=2, process_set=pair)  # global rank 2's
     """
     basics._require_init()
     tensor = tf.convert_to_tensor(tensor)
@@ -300,8 +311,16 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                ignore_name_scope=False):
     """Overwrites resource variables in place with the root rank's values.
 
+    Args:
+        variables: resource variables, the same list on every rank.
+        root_rank: the job-wide rank whose values are sent (see broadcast()).
+        name, process_set, ignore_name_scope: as for broadcast().
+
     Returns:
         The variables.
+
+    Raises:
+        tf.errors.FailedPreconditionError: as for broadcast().
 
     Example:
         >>> hvd.broadcast_(model.variables, root_rank=0)
@@ -361,11 +380,28 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 
     With R rows and N ranks, the first R mod N ranks get one extra row.
 
+    The gradient follows Horovod's convention, so that models ported from it
+    train the same: with upstream gradients g_r (rank r's rows), the gradient
+    of the input is N * allgather(g) for op=Sum and allgather(g) for
+    op=Average (times prescale_factor * postscale_factor), on every rank.
+    That is N times the derivative of the sum of the ranks' losses; Min, Max
+    and Product have no gradient.
+
     Args:
+        tensor: a tensor with at least one dimension, the same shape on
+            every rank.
+        device_dense: accepted for Horovod compatibility.
+        compression: Compression.none (default) or Compression.fp16.
         op: hvd.Average (default), Sum, Min, Max or Product.
+        name, process_set, ignore_name_scope: as for allreduce().
+        prescale_factor, postscale_factor: multiply before / after the sum.
 
     Returns:
         This rank's rows of the reduced tensor.
+
+    Raises:
+        tf.errors.FailedPreconditionError: ranks disagree on shape, dtype or op.
+        NotImplementedError: the gradient of Min, Max or Product.
 
     Example:
         >>> part = hvd.reducescatter(tf.ones([4, 2]), op=hvd.Sum)
@@ -388,7 +424,15 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
                           process_set=global_process_set, ignore_name_scope=False,
                           prescale_factor=1.0, postscale_factor=1.0):
-    """Reducescatters a list of tensors as one request per dtype. Returns a list."""
+    """Reducescatters a list of tensors as one request per dtype; arguments,
+    gradient convention and errors as for reducescatter().
+
+    Returns:
+        A list of this rank's rows of each reduced tensor, in input order.
+
+    Example:
+        >>> a, b = hvd.grouped_reducescatter([tf.ones([4, 2]), tf.ones([6])], op=hvd.Sum)
+    """
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_reducescatter")
     return _per_dtype(tensors, "grouped_reducescatter", name, "HorovodGroupedReducescatter",
@@ -454,7 +498,8 @@ def process_set_included_op(process_set_id=0, name=None):
 # --- Gradients -----------------------------------------------------------------
 # Horovod's conventions (kept so that existing models train the same way):
 # allreduce's gradient follows its op; allgather and broadcast use the mean
-# of the upstream gradients over ranks.
+# of the upstream gradients over ranks; reducescatter's is size times the
+# allgathered upstream gradient (see reducescatter()).
 
 def _set_from_op(op):
     from tfring.common.process_sets import ProcessSet
@@ -515,9 +560,14 @@ def _grouped_allgather_grad(op, *grads):
 
 @tf_ops.RegisterGradient("HorovodBroadcast")
 def _broadcast_grad(op, grad):
-    ps = _set_from_op(op)
-    reduced = _allreduce(grad, op=Average, process_set=ps)
-    return reduced if ps.rank() == op.get_attr("root_rank") else tf.zeros_like(reduced)
+    reduced = _allreduce(grad, op=Average, process_set=_set_from_op(op))
+    if basics.rank() == op.get_attr("root_rank"):  # a job-wide rank, like the attribute
+        return reduced
+    # Every rank must still submit the allreduce, or the root waits forever.
+    # With a static shape tf.zeros_like(reduced) is a constant that does not
+    # depend on `reduced`, so a TF1 Session would never run the allreduce here.
+    with tf.control_dependencies([reduced]):
+        return tf.zeros_like(reduced)
 
 
 @tf_ops.RegisterGradient("HorovodAlltoall")
@@ -527,8 +577,11 @@ def _alltoall_grad(op, grad, _):
 
 
 def _reducescatter_input_grad(op, grad, gathered):
+    # Horovod's convention, which existing models' gradients depend on: Sum
+    # gives size * allgather(grad) and Average allgather(grad), i.e. `size`
+    # times the derivative of the sum of the ranks' losses.
     reduce_op, pre, post = _reduction_attrs(op)
-    scale = pre * post / (_set_from_op(op).size() if reduce_op == Average else 1)
+    scale = pre * post * (_set_from_op(op).size() if reduce_op == Sum else 1)
     return gathered if scale == 1.0 else gathered * tf.cast(scale, gathered.dtype)
 
 

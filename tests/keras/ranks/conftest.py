@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 
 import tfring.tensorflow as hvd
-from rank_fixtures import initialized, rank, size  # noqa: F401  (shared by every rank suite)
+# Shared by every rank suite.
+from rank_fixtures import (initialized, partial_set, rank, set_without_rank_0,  # noqa: F401
+                           size)
 
 
 @pytest.fixture(scope="session")

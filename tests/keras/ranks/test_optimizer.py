@@ -144,3 +144,22 @@ def test_tensorflow_distributed_optimizer_routes_keras_optimizers():
         hvd.DistributedOptimizer(opt)
     with pytest.raises(ValueError, match="op=hvd.Average or hvd.Sum"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(LR), op=hvd.Max)
+
+
+@pytest.mark.parametrize("via", ["fit", "apply_gradients"])
+def test_ranks_outside_the_set_apply_local_gradients(rank, size, partial_set, via):
+    """Horovod's behaviour: a rank outside `process_set` trains on its own
+    gradients instead of failing; members average theirs over the set."""
+    model = keras.Sequential([keras.Input((1,)),
+                              keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), process_set=partial_set)
+    x = np.array([[rank + 1.0]], np.float32)
+    if via == "fit":
+        # The loss is the prediction itself, (rank + 1) * w: its gradient is rank + 1.
+        model.compile(optimizer=opt, loss=lambda y_true, y_pred: y_pred, jit_compile=False)
+        model.fit(x, np.zeros([1, 1], np.float32), batch_size=1, epochs=1, verbose=0)
+    else:
+        kernel = model.layers[0].kernel
+        opt.apply_gradients([(tf.constant(x), kernel)])
+    want = np.mean([r + 1.0 for r in partial_set.ranks]) if partial_set.included() else rank + 1.0
+    np.testing.assert_allclose(model.get_weights()[0], [[1.0 - want]], rtol=1e-6)

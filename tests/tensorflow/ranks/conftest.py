@@ -6,7 +6,9 @@ order, so their collectives line up.
 """
 import pytest
 from tf_helpers import MODES
-from rank_fixtures import initialized, rank, size  # noqa: F401  (shared by every rank suite)
+# Shared by every rank suite.
+from rank_fixtures import (initialized, partial_set, rank, set_without_rank_0,  # noqa: F401
+                           size)
 
 
 @pytest.fixture(params=MODES)

@@ -232,6 +232,26 @@ def test_collective_on_a_set_without_this_rank(rank, size):
             assert hvd.remove_process_set(ps)
 
 
+@pytest.mark.parametrize("how", ["broadcast", "broadcast_variables", "inplace", "object"])
+def test_broadcast_root_outside_the_set(rank, size, set_without_rank_0, how):
+    """root_rank is job-wide (Horovod): rank 0 is outside the set [1, ...], so
+    every member gets FailedPreconditionError naming the set's ranks."""
+    ps = set_without_rank_0
+    members = ", ".join(map(str, ps.ranks))
+    var = tf.Variable(tf.ones([2]))
+    call = {"broadcast": lambda: hvd.broadcast(ones([2]), 0, process_set=ps, name="outroot"),
+            "broadcast_variables": lambda: hvd.broadcast_variables([var], 0, process_set=ps),
+            "inplace": lambda: hvd.broadcast_([var], 0, process_set=ps, name="outroot"),
+            "object": lambda: hvd.broadcast_object("x", 0, process_set=ps, name="outroot")}[how]
+    if ps.included():
+        expect_precondition(call, "Invalid BROADCAST root rank 0 for tensor",
+                            f"root_rank is a job-wide rank and must be one of the process "
+                            f"set's ranks [{members}]")
+    else:
+        expect_invalid_argument(call, f"tfring: rank {rank} is not a member of process set "
+                                      f"{ps.process_set_id} (ranks [{members}])")
+
+
 @pytest.mark.parametrize("case", ["duplicate", "empty", "negative", "mismatched"])
 def test_add_process_set_with_bad_ranks(rank, size, case):
     if case == "mismatched" and size < 2:

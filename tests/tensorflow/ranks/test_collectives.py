@@ -211,6 +211,42 @@ def test_join_counts_joined_ranks_as_zeros(rank, size):
     assert hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy() == size
 
 
+def test_broadcast_in_a_set_uses_the_job_wide_root(mode, rank, size, set_without_rank_0):
+    """Horovod's root_rank is a job-wide rank, also in a process set: with the
+    set [1, 2], root_rank=1 sends global rank 1's value (set rank 0)."""
+    ps = set_without_rank_0
+    if not ps.included():
+        return
+    def build():
+        return {root: hvd.broadcast(tf.constant(rank_values(rank), tf.int32), root,
+                                    process_set=ps)
+                for root in ps.ranks}
+    out = run(mode, build)
+    for root in ps.ranks:
+        np.testing.assert_array_equal(out[root], rank_values(root), err_msg=f"root {root}")
+
+
+def test_broadcast_helpers_in_a_set_use_the_job_wide_root(rank, size, set_without_rank_0):
+    ps = set_without_rank_0
+    if not ps.included():
+        return
+    for root in ps.ranks:
+        a = tf.Variable(tf.fill([3], float(rank)))
+        b = tf.Variable(tf.fill([2], rank))
+        hvd.broadcast_variables([a, b], root_rank=root, process_set=ps)
+        np.testing.assert_array_equal(a.numpy(), [root] * 3)
+        np.testing.assert_array_equal(b.numpy(), [root] * 2)
+        c = tf.Variable(tf.fill([4], rank + 0.5))
+        hvd.broadcast_variables([c], root_rank=root, process_set=ps, inplace=True)
+        np.testing.assert_array_equal(c.numpy(), [root + 0.5] * 4)
+        d = tf.Variable(tf.fill([2], -rank))
+        hvd.broadcast_([d], root_rank=root, process_set=ps)
+        np.testing.assert_array_equal(d.numpy(), [-root] * 2)
+        assert hvd.broadcast_object({"from": rank}, root_rank=root, process_set=ps) == \
+            {"from": root}
+        assert hvd.broadcast_object_fn(root_rank=root, process_set=ps)(rank * 2) == root * 2
+
+
 def test_broadcast_variables_and_inplace(rank, size):
     a = tf.Variable(tf.fill([3], float(rank)))
     b = tf.Variable(tf.fill([2, 2], rank), dtype=tf.int32)
@@ -246,7 +282,8 @@ def test_process_sets(rank, size):
                 hvd.allreduce(tf.constant(1.0), process_set=evens)
         if last.included():
             assert last.rank() == 0
-            assert hvd.broadcast(tf.constant(7), 0, process_set=last).numpy() == 7
+            # root_rank is job-wide, as in Horovod: the set's only member.
+            assert hvd.broadcast(tf.constant(7), size - 1, process_set=last).numpy() == 7
         # The global set keeps working alongside.
         assert hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy() == size
     finally:

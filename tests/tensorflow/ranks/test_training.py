@@ -84,3 +84,44 @@ def test_tf1_backward_passes_per_step(rank, size):
             final_w, final_b, global_step = sess.run([w, b, step_var])
     assert global_step == 4  # every backward pass counts, as in Horovod
     assert_trained_like_reference(final_w, final_b, size, steps=4, accumulate=2)
+
+
+# -- process sets: ranks outside the set keep their gradients local (Horovod) ----------
+
+def expected_gradient(rank, ps):
+    """d/dw of sum((rank + 1) * w) is rank + 1; members average it over the set."""
+    return np.mean([r + 1.0 for r in ps.ranks]) if ps.included() else rank + 1.0
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_gradient_tape_outside_the_set_keeps_local_gradients(rank, size, partial_set,
+                                                             in_function):
+    w = tf.Variable(tf.ones([2]))
+    v = tf.Variable(tf.ones([3]))
+
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = (rank + 1.0) * (tf.reduce_sum(w) + tf.reduce_sum(v))
+        return hvd.DistributedGradientTape(tape, process_set=partial_set).gradient(loss, [w, v])
+    gw, gv = tf.function(grads)() if in_function else grads()
+    want = expected_gradient(rank, partial_set)
+    np.testing.assert_allclose(gw.numpy(), [want] * 2)
+    np.testing.assert_allclose(gv.numpy(), [want] * 3)
+
+
+def test_tf1_optimizer_outside_the_set_keeps_local_gradients(rank, size, partial_set):
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([2]))
+        loss = (rank + 1.0) * tf.reduce_sum(w)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                       process_set=partial_set)
+        (grad, _), = opt.compute_gradients(loss, [w])
+        train_op = opt.minimize(loss, var_list=[w])
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            g = sess.run(grad)
+            sess.run(train_op)
+            final = sess.run(w)
+    want = expected_gradient(rank, partial_set)
+    np.testing.assert_allclose(g, [want] * 2)
+    np.testing.assert_allclose(final, [1.0 - want] * 2)

@@ -38,6 +38,9 @@ class LocalController : public Controller {
  public:
   LocalController(int size, int64_t threshold = 1 << 20)
       : Controller(0, Ranks(size), MakeConfig(threshold)) {}
+  // A process set: set rank i is job-wide rank global_ranks[i].
+  explicit LocalController(std::vector<int> global_ranks)
+      : Controller(0, std::move(global_ranks), MakeConfig(1 << 20)) {}
 
  protected:
   Status GatherRequests(const std::string&, std::vector<std::string>*) override {
@@ -228,6 +231,41 @@ static void TestMismatches() {
   }
 }
 
+// root_rank is a job-wide rank (Horovod's convention): the coordinator maps it
+// to the root's rank within the set, and refuses a root outside the set.
+static void TestBroadcastRootIsJobWide() {
+  auto broadcast = [](LocalController& c, const std::string& name, int root) {
+    for (int r = 0; r < c.size(); ++r) {
+      Request q = Req(r, name, CollectiveType::BROADCAST);
+      q.root_rank = root;
+      Submit(c, r, {q});
+    }
+    auto responses = c.BuildResponseList().responses;
+    CHECK(responses.size() == 1);
+    return responses.empty() ? Response() : responses[0];
+  };
+  {
+    LocalController c(std::vector<int>{1, 2});  // set [1, 2] of a larger job
+    Response r = broadcast(c, "x", 1);
+    CHECK(r.error_message.empty() && r.root_rank == 0);
+    r = broadcast(c, "y", 2);
+    CHECK(r.error_message.empty() && r.root_rank == 1);
+    r = broadcast(c, "z", 0);
+    CHECK(Contains(r.error_message, "Invalid BROADCAST root rank 0 for tensor 'z'"));
+    CHECK(Contains(r.error_message, "process set's ranks [1, 2]"));
+  }
+  {
+    LocalController c(std::vector<int>{1});
+    CHECK(broadcast(c, "x", 1).root_rank == 0 && broadcast(c, "y", 1).error_message.empty());
+    CHECK(Contains(broadcast(c, "z", 0).error_message, "process set's ranks [1]"));
+  }
+  {
+    LocalController c(3);  // the global set: job-wide and set ranks are the same
+    CHECK(broadcast(c, "x", 2).root_rank == 2);
+    CHECK(Contains(broadcast(c, "y", 3).error_message, "the root must be in [0, 3)"));
+  }
+}
+
 static void TestJoin() {
   LocalController c(3);
   Submit(c, 0, {Req(0, "join", CollectiveType::JOIN)});
@@ -345,6 +383,7 @@ int main() {
   TestFusionLayout();
   TestReadinessAndOrder();
   TestMismatches();
+  TestBroadcastRootIsJobWide();
   TestJoin();
   TestGroupsAndFusion();
   TestArithmetic();

@@ -210,8 +210,9 @@ def test_process_set(rank, size, members):
             got = hvd.allgather(tf.fill([sub + 1, 2], rank), process_set=ps).numpy()
             want = np.concatenate([np.full([i + 1, 2], r) for i, r in enumerate(ranks)])
             np.testing.assert_array_equal(got, want)
+            # root_rank is job-wide (as in Horovod): the set's second member.
             got = hvd.broadcast(tf.constant(values(rank, 1001) * (rank + 1), tf.int64),
-                                root_rank=1, process_set=ps).numpy()
+                                root_rank=ranks[1], process_set=ps).numpy()
             np.testing.assert_array_equal(got, values(ranks[1], 1001) * (ranks[1] + 1))
             x = values(rank, 5 * 4).reshape(5, 4)
             got = hvd.reducescatter(tf.constant(x, tf.float32), op=hvd.Sum,
