@@ -53,6 +53,32 @@ def test_broadcast_shape_mismatch(rank):
                         "rank 1: [2]")
 
 
+@pytest.mark.parametrize("case", ["shapes", "roots", "negative_root"])
+def test_broadcast_errors_in_a_set_name_job_wide_ranks(rank, size, set_without_rank_0, case):
+    """The Horovod-style form of the broadcast errors above: a set that does
+    not start at rank 0, whose roots and ranks are all job-wide."""
+    ps = set_without_rank_0
+    members = ", ".join(map(str, ps.ranks))
+    if case != "negative_root" and ps.size() < 2:
+        pytest.skip("needs two members that can disagree")  # alike on every rank
+    root = {"shapes": ps.ranks[-1], "roots": rank, "negative_root": -1}[case]
+    shape = [rank + 1] if case == "shapes" else [2]
+    call = lambda: hvd.broadcast(ones(shape), root_rank=root, process_set=ps,  # noqa: E731
+                                 name=f"set_{case}")
+    if not ps.included():
+        expect_invalid_argument(call, f"tfring: rank {rank} is not a member of process set")
+    elif case == "shapes":
+        expect_precondition(call, "Mismatched BROADCAST tensor shapes for tensor 'set_shapes'",
+                            "rank 1: [2]", "rank 2: [3]")
+    elif case == "roots":
+        expect_precondition(call, "Mismatched BROADCAST root ranks for tensor 'set_roots'",
+                            "One rank specified root rank 1, but another rank specified root "
+                            "rank 2", "rank 1: 1", "rank 2: 2")
+    else:
+        expect_precondition(call, "Invalid BROADCAST root rank -1 for tensor 'set_negative_root'",
+                            f"process set's ranks [{members}]")
+
+
 @multi_rank
 def test_grouped_allreduce_member_shape_mismatch(rank):
     # Members are negotiated one by one: the error names the member that differs.
