@@ -23,7 +23,25 @@ def allgather(value, name=None, process_set=global_process_set):
 
 
 def broadcast(value, root_rank, name=None, process_set=global_process_set):
-    """Returns the root rank's value on every rank, as a tensor."""
+    """Returns the root rank's value on every rank, as a tensor.
+
+    Args:
+        value: a tensor, numpy array or Python number.
+        root_rank: the job-wide rank whose value is sent, also with a process
+            set (as in Horovod); it must be one of the set's ranks.
+        name: the collective's name.
+        process_set: the ranks taking part (default: all).
+
+    Returns:
+        The root's value, as a tensor.
+
+    Raises:
+        tf.errors.FailedPreconditionError: ranks disagree on root, shape or
+            dtype, or the root is not a rank of the set.
+
+    Example:
+        >>> lr = hvd.broadcast(lr, root_rank=0)
+    """
     return mpi_ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name,
                              process_set=process_set)
 
