@@ -401,7 +401,9 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 
     Raises:
         tf.errors.FailedPreconditionError: ranks disagree on shape, dtype or op.
-        NotImplementedError: the gradient of Min, Max or Product.
+        ValueError: an unknown op, or scale factors with Min, Max or Product.
+        NotImplementedError: op=Adasum; and, when differentiated, Min, Max or
+            Product.
 
     Example:
         >>> part = hvd.reducescatter(tf.ones([4, 2]), op=hvd.Sum)
