@@ -1,0 +1,124 @@
+#include "gpu_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace tfring {
+namespace cuda {
+namespace {
+
+// Enough blocks to fill any current GPU; each thread strides over the rest.
+constexpr int kThreads = 256;
+int Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 4096 ? (b < 1 ? 1 : b) : 4096);
+}
+
+template <typename T>
+__global__ void ScaleFloatKernel(T* dst, const T* src, int64_t n, T factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    dst[i] = src[i] * factor;
+  }
+}
+
+template <typename T>
+__global__ void ScaleIntKernel(T* dst, const T* src, int64_t n, double factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    dst[i] = static_cast<T>(static_cast<double>(src[i]) * factor);
+  }
+}
+
+__global__ void ScaleHalfKernel(__half* dst, const __half* src, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    dst[i] = __float2half_rn(__half2float(src[i]) * factor);
+  }
+}
+
+__global__ void ScaleBf16Kernel(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t n,
+                                float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    dst[i] = __float2bfloat16_rn(__bfloat162float(src[i]) * factor);
+  }
+}
+
+template <typename T>
+__global__ void DivideKernel(T* buf, int64_t n, T divisor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    buf[i] = static_cast<T>(buf[i] / divisor);
+  }
+}
+
+template <typename T>
+int ScaleInt(void* dst, const void* src, int64_t n, double factor, cudaStream_t s) {
+  ScaleIntKernel<T><<<Blocks(n), kThreads, 0, s>>>(static_cast<T*>(dst),
+                                                   static_cast<const T*>(src), n, factor);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename T>
+int Divide(void* buf, int64_t n, int64_t d, cudaStream_t s) {
+  DivideKernel<T><<<Blocks(n), kThreads, 0, s>>>(static_cast<T*>(buf), n, static_cast<T>(d));
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int LaunchScale(void* dst, const void* src, int64_t n, DataType dtype, double factor,
+                void* stream) {
+  if (n <= 0) return cudaSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int blocks = Blocks(n);
+  switch (dtype) {
+    case DataType::FLOAT32:
+      ScaleFloatKernel<float><<<blocks, kThreads, 0, s>>>(
+          static_cast<float*>(dst), static_cast<const float*>(src), n, static_cast<float>(factor));
+      return static_cast<int>(cudaGetLastError());
+    case DataType::FLOAT64:
+      ScaleFloatKernel<double><<<blocks, kThreads, 0, s>>>(
+          static_cast<double*>(dst), static_cast<const double*>(src), n, factor);
+      return static_cast<int>(cudaGetLastError());
+    case DataType::FLOAT16:
+      ScaleHalfKernel<<<blocks, kThreads, 0, s>>>(static_cast<__half*>(dst),
+                                                  static_cast<const __half*>(src), n,
+                                                  static_cast<float>(factor));
+      return static_cast<int>(cudaGetLastError());
+    case DataType::BFLOAT16:
+      ScaleBf16Kernel<<<blocks, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst),
+                                                  static_cast<const __nv_bfloat16*>(src), n,
+                                                  static_cast<float>(factor));
+      return static_cast<int>(cudaGetLastError());
+    case DataType::INT32: return ScaleInt<int32_t>(dst, src, n, factor, s);
+    case DataType::INT64: return ScaleInt<int64_t>(dst, src, n, factor, s);
+    case DataType::UINT8: return ScaleInt<uint8_t>(dst, src, n, factor, s);
+    case DataType::INT8: return ScaleInt<int8_t>(dst, src, n, factor, s);
+    case DataType::UINT16: return ScaleInt<uint16_t>(dst, src, n, factor, s);
+    case DataType::INT16: return ScaleInt<int16_t>(dst, src, n, factor, s);
+    case DataType::BOOL: break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+int LaunchDivide(void* buf, int64_t n, DataType dtype, int64_t d, void* stream) {
+  if (n <= 0) return cudaSuccess;
+  if (d == 0) return cudaErrorInvalidValue;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DataType::INT32: return Divide<int32_t>(buf, n, d, s);
+    case DataType::INT64: return Divide<int64_t>(buf, n, d, s);
+    case DataType::UINT8: return Divide<uint8_t>(buf, n, d, s);
+    case DataType::INT8: return Divide<int8_t>(buf, n, d, s);
+    case DataType::UINT16: return Divide<uint16_t>(buf, n, d, s);
+    case DataType::INT16: return Divide<int16_t>(buf, n, d, s);
+    default: break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace cuda
+}  // namespace tfring

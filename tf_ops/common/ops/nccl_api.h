@@ -1,0 +1,106 @@
+// The NCCL and CUDA calls the NCCL data plane makes, behind one small
+// interface. The plane's logic (communicator keying, unique-id exchange,
+// error mapping, fusion layout, the order of calls) is written against this
+// interface only, so it compiles and is unit-tested without nccl.h or a CUDA
+// toolkit, with a fake. The real implementation (ops/cuda/cuda_nccl_api.cc)
+// is compiled only when tfring is built for GPUs.
+//
+// Handles are opaque pointers: ncclComm_t, cudaStream_t and cudaEvent_t are
+// all pointers in the real headers.
+#ifndef TFRING_COMMON_OPS_NCCL_API_H
+#define TFRING_COMMON_OPS_NCCL_API_H
+
+#include <cstdint>
+#include <string>
+
+#include "../common.h"
+
+namespace tfring {
+
+using NcclComm = void*;
+using GpuStream = void*;
+using GpuEvent = void*;
+
+// NCCL's documented result codes (ncclResult_t), same values. The real
+// implementation static_asserts that they agree with nccl.h.
+enum class NcclResult : int {
+  kSuccess = 0,
+  kUnhandledCudaError = 1,
+  kSystemError = 2,
+  kInternalError = 3,
+  kInvalidArgument = 4,
+  kInvalidUsage = 5,
+  kRemoteError = 6,
+  kInProgress = 7,
+  kTimeout = 8,
+};
+const char* NcclResultName(NcclResult r);
+
+// NCCL_UNIQUE_ID_BYTES in nccl.h.
+constexpr size_t kNcclUniqueIdBytes = 128;
+
+// State of a recorded event.
+enum class EventState { kDone, kPending, kError };
+
+class NcclApi {
+ public:
+  virtual ~NcclApi() = default;
+
+  // --- NCCL ---------------------------------------------------------------
+  // Fills `id` with kNcclUniqueIdBytes bytes.
+  virtual NcclResult GetUniqueId(std::string* id) = 0;
+  // Non-blocking communicator (ncclConfig_t.blocking = 0): may return
+  // kInProgress; the caller then polls CommGetAsyncError until it is done.
+  virtual NcclResult CommInitRank(NcclComm* comm, int nranks, const std::string& id, int rank) = 0;
+  virtual NcclResult CommGetAsyncError(NcclComm comm, NcclResult* async_error) = 0;
+  virtual NcclResult CommAbort(NcclComm comm) = 0;
+  virtual NcclResult CommDestroy(NcclComm comm) = 0;
+  virtual std::string ErrorString(NcclResult r) = 0;  // ncclGetErrorString
+  virtual std::string LastError(NcclComm comm) = 0;   // ncclGetLastError
+  virtual NcclResult GroupStart() = 0;
+  virtual NcclResult GroupEnd() = 0;
+  // `op` is SUM, MIN, MAX or PRODUCT (averaging and scaling are done by the
+  // plane with kernels). Counts are elements of `dtype`.
+  virtual NcclResult AllReduce(const void* send, void* recv, int64_t count, DataType dtype,
+                               ReduceOp op, NcclComm comm, GpuStream stream) = 0;
+  virtual NcclResult Reduce(const void* send, void* recv, int64_t count, DataType dtype,
+                            ReduceOp op, int root, NcclComm comm, GpuStream stream) = 0;
+  virtual NcclResult ReduceScatter(const void* send, void* recv, int64_t recv_count,
+                                   DataType dtype, ReduceOp op, NcclComm comm,
+                                   GpuStream stream) = 0;
+  // Byte-wise collectives move ncclUint8/ncclInt8.
+  virtual NcclResult AllGather(const void* send, void* recv, int64_t bytes_per_rank, NcclComm comm,
+                               GpuStream stream) = 0;
+  virtual NcclResult Broadcast(const void* send, void* recv, int64_t bytes, int root,
+                               NcclComm comm, GpuStream stream) = 0;
+  virtual NcclResult Send(const void* buf, int64_t bytes, int peer, NcclComm comm,
+                          GpuStream stream) = 0;
+  virtual NcclResult Recv(void* buf, int64_t bytes, int peer, NcclComm comm, GpuStream stream) = 0;
+  // Whether NCCL reduces this dtype (e.g. NCCL has no bool or 16-bit integers).
+  virtual bool SupportsDataType(DataType dtype) const = 0;
+
+  // --- CUDA (0 is cudaSuccess) --------------------------------------------
+  virtual int GetDevice(int* device) = 0;
+  virtual int SetDevice(int device) = 0;
+  virtual int Malloc(void** ptr, int64_t bytes) = 0;
+  virtual int Free(void* ptr) = 0;
+  // Device-to-device (cudaMemcpyDefault) on `stream`.
+  virtual int MemcpyAsync(void* dst, const void* src, int64_t bytes, GpuStream stream) = 0;
+  virtual int MemsetAsync(void* dst, int value, int64_t bytes, GpuStream stream) = 0;
+  virtual int EventCreate(GpuEvent* event) = 0;  // timing disabled
+  virtual int EventRecord(GpuEvent event, GpuStream stream) = 0;
+  virtual EventState EventQuery(GpuEvent event, int* error) = 0;
+  virtual int EventDestroy(GpuEvent event) = 0;
+  virtual std::string CudaErrorString(int error) = 0;
+  // dst[i] = src[i] * factor on `stream`, with ScaleBuffer's semantics
+  // (reduction.h); dst may be src.
+  virtual int Scale(void* dst, const void* src, int64_t count, DataType dtype, double factor,
+                    GpuStream stream) = 0;
+  // buf[i] /= divisor (integers, truncating, like FinishReduction).
+  virtual int DivideIntegers(void* buf, int64_t count, DataType dtype, int64_t divisor,
+                             GpuStream stream) = 0;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_OPS_NCCL_API_H

@@ -1,0 +1,715 @@
+// Compiled only into a GPU build (TFRING_WITH_NCCL) and into its unit test
+// (TFRING_NCCL_PLANE_LOGIC, tests/common/test_nccl_cpp.py); the CPU
+// library's source glob picks this file up, and it then compiles to nothing.
+#if defined(TFRING_WITH_NCCL) || defined(TFRING_NCCL_PLANE_LOGIC)
+
+#include "nccl_data_plane.h"
+
+#include <numeric>
+#include <thread>
+
+namespace tfring {
+
+const char* NcclResultName(NcclResult r) {
+  switch (r) {
+    case NcclResult::kSuccess: return "ncclSuccess";
+    case NcclResult::kUnhandledCudaError: return "ncclUnhandledCudaError";
+    case NcclResult::kSystemError: return "ncclSystemError";
+    case NcclResult::kInternalError: return "ncclInternalError";
+    case NcclResult::kInvalidArgument: return "ncclInvalidArgument";
+    case NcclResult::kInvalidUsage: return "ncclInvalidUsage";
+    case NcclResult::kRemoteError: return "ncclRemoteError";
+    case NcclResult::kInProgress: return "ncclInProgress";
+    case NcclResult::kTimeout: return "ncclTimeout";
+  }
+  return "unknown NCCL result";
+}
+
+Status NcclResultToStatus(NcclResult result, const std::string& call,
+                          const std::string& error_string, const std::string& last_error) {
+  if (result == NcclResult::kSuccess) return Status::OK();
+  if (result == NcclResult::kInProgress) return Status::InProgress();
+  std::string msg = "tfring: " + call + " failed: " + NcclResultName(result) + " (" +
+                    std::to_string(static_cast<int>(result)) + ")";
+  if (!error_string.empty()) msg += ": " + error_string;
+  if (!last_error.empty() && last_error != error_string) msg += "; NCCL says: " + last_error;
+  switch (result) {
+    case NcclResult::kInvalidArgument:
+    case NcclResult::kInvalidUsage:
+      return Status::InvalidArgument(msg);
+    case NcclResult::kRemoteError:
+    case NcclResult::kSystemError:
+    case NcclResult::kTimeout:
+      return Status::Aborted(msg + " (a peer process or the network failed)");
+    default:
+      return Status::Unknown(msg);
+  }
+}
+
+Status CudaErrorToStatus(int error, const std::string& call, const std::string& error_string) {
+  if (error == 0) return Status::OK();
+  return Status::Unknown("tfring: " + call + " failed: CUDA error " + std::to_string(error) +
+                         (error_string.empty() ? "" : ": " + error_string));
+}
+
+namespace {
+// The same cause with more context.
+Status Annotate(const Status& s, const std::string& suffix) {
+  const std::string m = s.message() + suffix;
+  switch (s.code()) {
+    case StatusCode::OK: return s;
+    case StatusCode::IN_PROGRESS: return s;
+    case StatusCode::ABORTED: return Status::Aborted(m);
+    case StatusCode::INVALID_ARGUMENT: return Status::InvalidArgument(m);
+    case StatusCode::PRECONDITION_ERROR: return Status::PreconditionError(m);
+    case StatusCode::UNKNOWN: break;
+  }
+  return Status::Unknown(m);
+}
+}  // namespace
+
+// --- Abort flag -------------------------------------------------------------
+
+void NcclAbortFlag::Request(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reason_.empty()) reason_ = reason;
+  }
+  requested_.store(true, std::memory_order_release);
+}
+
+std::string NcclAbortFlag::reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reason_;
+}
+
+// --- Communicators ------------------------------------------------------------
+
+NcclCommunicators::NcclCommunicators(NcclApi* api, std::shared_ptr<NcclAbortFlag> abort,
+                                     std::chrono::milliseconds init_timeout)
+    : api_(api), abort_(std::move(abort)), init_timeout_(init_timeout) {}
+
+NcclCommunicators::~NcclCommunicators() {
+  std::map<std::pair<int32_t, int>, Entry> comms;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms.swap(comms_);
+  }
+  // After an abort request, destroying could wait on work that a dead peer
+  // never completes.
+  const bool abort = abort_->requested();
+  for (auto& kv : comms) {
+    if (abort) {
+      api_->CommAbort(kv.second.comm);
+    } else {
+      api_->CommDestroy(kv.second.comm);
+    }
+  }
+}
+
+size_t NcclCommunicators::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return comms_.size();
+}
+
+Status NcclCommunicators::AbortedStatus() const {
+  std::string reason = abort_->reason();
+  return Status::Aborted("tfring: NCCL communication aborted" +
+                         (reason.empty() ? std::string() : ": " + reason));
+}
+
+void NcclCommunicators::AbortOne(NcclComm comm) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = comms_.begin(); it != comms_.end();) {
+      it = it->second.comm == comm ? comms_.erase(it) : std::next(it);
+    }
+  }
+  api_->CommAbort(comm);
+}
+
+void NcclCommunicators::AbortAll() {
+  std::map<std::pair<int32_t, int>, Entry> comms;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms.swap(comms_);
+  }
+  for (auto& kv : comms) api_->CommAbort(kv.second.comm);
+}
+
+void NcclCommunicators::Remove(int32_t set_id) {
+  std::vector<NcclComm> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = comms_.begin(); it != comms_.end();) {
+      if (it->first.first == set_id) {
+        gone.push_back(it->second.comm);
+        it = comms_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (NcclComm c : gone) api_->CommDestroy(c);
+}
+
+Status NcclCommunicators::Get(int32_t set_id, int device, int rank, int size,
+                              const BroadcastBytesFn& broadcast, NcclComm* comm) {
+  if (abort_->requested()) {
+    AbortAll();
+    return AbortedStatus();
+  }
+  const auto key = std::make_pair(set_id, device);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = comms_.find(key);
+    if (it != comms_.end()) {
+      if (it->second.rank != rank || it->second.size != size) {
+        return Status::Unknown(
+            "tfring: the NCCL communicator of process set " + std::to_string(set_id) +
+            " on GPU " + std::to_string(device) + " was made for rank " +
+            std::to_string(it->second.rank) + " of " + std::to_string(it->second.size) +
+            ", but is asked for rank " + std::to_string(rank) + " of " + std::to_string(size) +
+            " (a removed process set's communicators must be removed with it)");
+      }
+      *comm = it->second.comm;
+      return Status::OK();
+    }
+  }
+  Entry entry;
+  Status s = Create(device, rank, size, broadcast, &entry);
+  if (!s.ok()) {
+    return Annotate(s, " (creating the NCCL communicator of process set " +
+                           std::to_string(set_id) + " on GPU " + std::to_string(device) + ")");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  comms_[key] = entry;
+  *comm = entry.comm;
+  return Status::OK();
+}
+
+Status NcclCommunicators::Create(int device, int rank, int size,
+                                 const BroadcastBytesFn& broadcast, Entry* entry) {
+  std::string id;
+  if (rank == 0) {
+    NcclResult r = api_->GetUniqueId(&id);
+    if (r != NcclResult::kSuccess) {
+      Status failed = NcclResultToStatus(r, "ncclGetUniqueId", api_->ErrorString(r),
+                                         api_->LastError(nullptr));
+      // The other ranks wait for the id: an empty one tells them to give up.
+      std::string none;
+      broadcast(&none);
+      return failed;
+    }
+    if (id.size() != kNcclUniqueIdBytes) {
+      std::string none;
+      broadcast(&none);
+      return Status::Unknown("tfring: ncclGetUniqueId gave " + std::to_string(id.size()) +
+                             " bytes, expected " + std::to_string(kNcclUniqueIdBytes));
+    }
+  }
+  Status s = broadcast(&id);
+  if (!s.ok()) return s;
+  if (id.empty()) {
+    return Status::Unknown(
+        "tfring: rank 0 of the process set could not create an NCCL unique id (its log and "
+        "error say why)");
+  }
+  if (id.size() != kNcclUniqueIdBytes) {
+    return Status::Unknown("tfring: received an NCCL unique id of " + std::to_string(id.size()) +
+                           " bytes from rank 0, expected " + std::to_string(kNcclUniqueIdBytes));
+  }
+  int err = api_->SetDevice(device);
+  if (err != 0) return CudaErrorToStatus(err, "cudaSetDevice(" + std::to_string(device) + ")",
+                                         api_->CudaErrorString(err));
+  NcclComm comm = nullptr;
+  NcclResult r = api_->CommInitRank(&comm, size, id, rank);
+  const std::string call = "ncclCommInitRankConfig(rank " + std::to_string(rank) + " of " +
+                           std::to_string(size) + ")";
+  if (r == NcclResult::kInProgress || r == NcclResult::kSuccess) {
+    // A non-blocking communicator may return ncclSuccess while it is still
+    // forming (NCCL 2.28 does): it is ready only when its async state is.
+    TFRING_RETURN_IF_ERROR(WaitReady(comm, call, init_timeout_));
+  } else {
+    Status failed = NcclResultToStatus(r, call, api_->ErrorString(r), api_->LastError(comm));
+    if (comm != nullptr) api_->CommAbort(comm);
+    return failed;
+  }
+  entry->comm = comm;
+  entry->rank = rank;
+  entry->size = size;
+  return Status::OK();
+}
+
+Status NcclCommunicators::CheckAsync(NcclComm comm, const std::string& call) {
+  if (abort_->requested()) {
+    AbortOne(comm);
+    AbortAll();
+    return AbortedStatus();
+  }
+  NcclResult async = NcclResult::kSuccess;
+  NcclResult r = api_->CommGetAsyncError(comm, &async);
+  if (r != NcclResult::kSuccess) async = r;
+  if (async == NcclResult::kSuccess) return Status::OK();
+  if (async == NcclResult::kInProgress) return Status::InProgress();
+  Status failed = NcclResultToStatus(async, call, api_->ErrorString(async), api_->LastError(comm));
+  // A communicator with an asynchronous error cannot be used again, and its
+  // pending work may never finish.
+  AbortOne(comm);
+  return failed;
+}
+
+Status NcclCommunicators::WaitReady(NcclComm comm, const std::string& call,
+                                    std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int spins = 0;; ++spins) {
+    Status s = CheckAsync(comm, call);
+    if (!s.in_progress()) return s;
+    if (std::chrono::steady_clock::now() > deadline) {
+      AbortOne(comm);
+      return Status::Aborted("tfring: " + call + " did not finish within " +
+                             std::to_string(timeout.count() / 1000.0) +
+                             " s (a peer may have died or not joined); NCCL communicator aborted");
+    }
+    // Enqueueing usually finishes within microseconds; forming a
+    // communicator can take seconds.
+    if (spins < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
+// --- Completion -------------------------------------------------------------
+
+GpuEventPool::~GpuEventPool() {
+  for (GpuEvent e : free_) api_->EventDestroy(e);
+}
+
+int GpuEventPool::Acquire(GpuEvent* event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_.empty()) {
+      *event = free_.back();
+      free_.pop_back();
+      return 0;
+    }
+  }
+  return api_->EventCreate(event);
+}
+
+void GpuEventPool::Release(GpuEvent event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(event);
+}
+
+GpuCompletion::~GpuCompletion() { Reset(); }
+
+GpuCompletion::GpuCompletion(GpuCompletion&& other) noexcept { *this = std::move(other); }
+
+GpuCompletion& GpuCompletion::operator=(GpuCompletion&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    pool_ = std::move(other.pool_);
+    event_ = other.event_;
+    comm_ = other.comm_;
+    what_ = std::move(other.what_);
+    other.event_ = nullptr;
+    other.comm_ = nullptr;
+  }
+  return *this;
+}
+
+void GpuCompletion::Reset() {
+  // A recorded event may be re-recorded once its work is done or abandoned:
+  // cudaEventRecord replaces the captured work.
+  if (event_ != nullptr && pool_) pool_->Release(event_);
+  event_ = nullptr;
+  comm_ = nullptr;
+  pool_.reset();
+}
+
+// --- Data plane ---------------------------------------------------------------
+
+NcclDataPlane::NcclDataPlane(NcclCommunicators* comms, int32_t set_id, int rank, int size,
+                             BroadcastBytesFn broadcast)
+    : comms_(comms),
+      api_(comms->api()),
+      set_id_(set_id),
+      rank_(rank),
+      size_(size),
+      broadcast_(std::move(broadcast)),
+      events_(std::make_shared<GpuEventPool>(comms->api())) {}
+
+NcclDataPlane::~NcclDataPlane() {
+  for (auto& kv : fusion_) {
+    if (kv.second.data != nullptr) {
+      api_->SetDevice(kv.first);
+      api_->Free(kv.second.data);
+    }
+  }
+}
+
+int64_t NcclDataPlane::fusion_capacity(int device) const {
+  auto it = fusion_.find(device);
+  return it == fusion_.end() ? 0 : it->second.capacity;
+}
+
+Status NcclDataPlane::Cuda(int error, const std::string& call) {
+  return error == 0 ? Status::OK() : CudaErrorToStatus(error, call, api_->CudaErrorString(error));
+}
+
+Status NcclDataPlane::Check(NcclResult r, NcclComm comm, const std::string& call) {
+  if (r == NcclResult::kSuccess) return Status::OK();
+  if (r == NcclResult::kInProgress) {
+    // Non-blocking communicator: the call is still being enqueued.
+    in_progress_waits_.fetch_add(1, std::memory_order_relaxed);
+    return comms_->WaitReady(comm, call, std::chrono::minutes(5));
+  }
+  Status s = NcclResultToStatus(r, call, api_->ErrorString(r), api_->LastError(comm));
+  // A failed peer or network leaves the communicator unusable; a bad
+  // argument does not.
+  if (s.code() == StatusCode::ABORTED) comms_->AbortAll();
+  return s;
+}
+
+Status NcclDataPlane::Prepare(int device, NcclComm* comm) {
+  // Kernels and copies are launched on the current device.
+  TFRING_RETURN_IF_ERROR(Cuda(api_->SetDevice(device), "cudaSetDevice"));
+  return comms_->Get(set_id_, device, rank_, size_, broadcast_, comm);
+}
+
+Status NcclDataPlane::Finish(NcclComm comm, GpuStream stream, const std::string& what,
+                             GpuCompletion* done) {
+  done->Reset();
+  GpuEvent event = nullptr;
+  TFRING_RETURN_IF_ERROR(Cuda(events_->Acquire(&event), "cudaEventCreateWithFlags"));
+  int err = api_->EventRecord(event, stream);
+  if (err != 0) {
+    events_->Release(event);
+    return Cuda(err, "cudaEventRecord");
+  }
+  done->pool_ = events_;
+  done->event_ = event;
+  done->comm_ = comm;
+  done->what_ = what;
+  return Status::OK();
+}
+
+Status NcclDataPlane::Poll(GpuCompletion* done) {
+  if (!done->pending()) return Status::OK();
+  int err = 0;
+  const EventState state = api_->EventQuery(done->event_, &err);
+  if (state == EventState::kDone && !comms_->abort_flag()->requested()) {
+    done->Reset();
+    return Status::OK();
+  }
+  if (state == EventState::kError) {
+    const std::string what = done->what_;
+    done->Reset();
+    return Cuda(err, "waiting for NCCL " + what);
+  }
+  // Still running (or aborting): a failed peer shows up as the
+  // communicator's async error, and the abort flag ends the wait.
+  Status s = comms_->CheckAsync(done->comm_, "NCCL " + done->what_);
+  if (!s.ok() && !s.in_progress()) {
+    done->Reset();
+    return s;
+  }
+  return Status::InProgress();
+}
+
+Status NcclDataPlane::FusionBuffer(int device, int64_t bytes, void** data) {
+  DeviceBuffer& b = fusion_[device];
+  if (b.capacity < bytes) {
+    // Grow geometrically so that a slowly growing fusion size does not
+    // reallocate every cycle. cudaFree waits for work already using it.
+    int64_t cap = std::max<int64_t>(bytes, b.capacity + b.capacity / 2);
+    cap = (cap + 255) / 256 * 256;
+    if (b.data != nullptr) {
+      TFRING_RETURN_IF_ERROR(Cuda(api_->Free(b.data), "cudaFree(fusion buffer)"));
+      b.data = nullptr;
+      b.capacity = 0;
+    }
+    TFRING_RETURN_IF_ERROR(Cuda(api_->Malloc(&b.data, cap),
+                                "cudaMalloc(" + std::to_string(cap) + " bytes of fusion buffer)"));
+    b.capacity = cap;
+  }
+  *data = b.data;
+  return Status::OK();
+}
+
+Status NcclDataPlane::ScaleOnGpu(void* dst, const void* src, int64_t count, DataType dtype,
+                                 double factor, GpuStream stream) {
+  if (factor == 1.0) {
+    if (dst != src) {
+      return Cuda(api_->MemcpyAsync(dst, src, count * DataTypeSize(dtype), stream),
+                  "cudaMemcpyAsync");
+    }
+    return Status::OK();
+  }
+  if (dtype == DataType::BOOL) {
+    return Status::InvalidArgument("tfring: bool tensors cannot be scaled (use op=Sum, Min or Max)");
+  }
+  return Cuda(api_->Scale(dst, src, count, dtype, factor, stream), "scaling kernel");
+}
+
+Status NcclDataPlane::FinishOnGpu(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                  double postscale, GpuStream stream) {
+  const bool average = op == ReduceOp::AVERAGE;
+  if (!average || IsFloatingPoint(dtype)) {
+    return ScaleOnGpu(buf, buf, count, dtype, postscale * (average ? 1.0 / size_ : 1.0), stream);
+  }
+  TFRING_RETURN_IF_ERROR(ScaleOnGpu(buf, buf, count, dtype, postscale, stream));
+  if (size_ == 1) return Status::OK();
+  return Cuda(api_->DivideIntegers(buf, count, dtype, size_, stream), "integer division kernel");
+}
+
+Status NcclDataPlane::CheckReduction(DataType dtype, ReduceOp op, const char* collective) const {
+  if (op != ReduceOp::SUM && op != ReduceOp::AVERAGE && op != ReduceOp::MIN &&
+      op != ReduceOp::MAX && op != ReduceOp::PRODUCT) {
+    return Status::InvalidArgument(std::string("tfring: the NCCL plane cannot run ") + collective +
+                                   " with op " + ReduceOpName(op));
+  }
+  if (!api_->SupportsDataType(dtype)) {
+    return Status::InvalidArgument(std::string("tfring: NCCL cannot reduce ") +
+                                   DataTypeName(dtype) + " tensors (" + collective + ")");
+  }
+  return Status::OK();
+}
+
+namespace {
+ReduceOp NcclOp(ReduceOp op) { return op == ReduceOp::AVERAGE ? ReduceOp::SUM : op; }
+
+std::vector<int64_t> Offsets(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> off(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) off[i + 1] = off[i] + sizes[i];
+  return off;
+}
+
+bool AllEqual(const std::vector<int64_t>& v) {
+  for (int64_t x : v)
+    if (x != v[0]) return false;
+  return true;
+}
+}  // namespace
+
+Status NcclDataPlane::Allreduce(int device, GpuStream stream, const void* send, void* recv,
+                                int64_t count, DataType dtype, ReduceOp op, double prescale,
+                                double postscale, GpuCompletion* done) {
+  TFRING_RETURN_IF_ERROR(CheckReduction(dtype, op, "allreduce"));
+  NcclComm comm = nullptr;
+  TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
+  if (count > 0) {
+    if (prescale != 1.0) {
+      // Scale into the output and reduce there in place: no extra pass.
+      TFRING_RETURN_IF_ERROR(ScaleOnGpu(recv, send, count, dtype, prescale, stream));
+      send = recv;
+    }
+    TFRING_RETURN_IF_ERROR(
+        Check(api_->AllReduce(send, recv, count, dtype, NcclOp(op), comm, stream), comm,
+              "ncclAllReduce"));
+    TFRING_RETURN_IF_ERROR(FinishOnGpu(recv, count, dtype, op, postscale, stream));
+  }
+  return Finish(comm, stream, "allreduce", done);
+}
+
+Status NcclDataPlane::FusedAllreduce(int device, GpuStream stream,
+                                     const std::vector<GpuTensor>& tensors, DataType dtype,
+                                     ReduceOp op, double prescale, double postscale,
+                                     GpuCompletion* done) {
+  if (tensors.size() == 1 && tensors[0].input != nullptr) {
+    return Allreduce(device, stream, tensors[0].input, tensors[0].output, tensors[0].count, dtype,
+                     op, prescale, postscale, done);
+  }
+  TFRING_RETURN_IF_ERROR(CheckReduction(dtype, op, "allreduce"));
+  NcclComm comm = nullptr;
+  TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
+  const int64_t esize = DataTypeSize(dtype);
+  std::vector<int64_t> bytes(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) bytes[i] = tensors[i].count * esize;
+  const std::vector<int64_t> off = Offsets(bytes);
+  const int64_t total = off.back();
+  if (total > 0) {
+    void* buf = nullptr;
+    TFRING_RETURN_IF_ERROR(FusionBuffer(device, total, &buf));
+    char* b = static_cast<char*>(buf);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (bytes[i] == 0) continue;
+      if (tensors[i].input != nullptr) {
+        TFRING_RETURN_IF_ERROR(
+            Cuda(api_->MemcpyAsync(b + off[i], tensors[i].input, bytes[i], stream),
+                 "cudaMemcpyAsync(into the fusion buffer)"));
+      } else {
+        // A rank that has joined contributes zeros.
+        TFRING_RETURN_IF_ERROR(Cuda(api_->MemsetAsync(b + off[i], 0, bytes[i], stream),
+                                    "cudaMemsetAsync(fusion buffer)"));
+      }
+    }
+    const int64_t count = total / esize;
+    TFRING_RETURN_IF_ERROR(ScaleOnGpu(b, b, count, dtype, prescale, stream));
+    TFRING_RETURN_IF_ERROR(Check(
+        api_->AllReduce(b, b, count, dtype, NcclOp(op), comm, stream), comm, "ncclAllReduce"));
+    TFRING_RETURN_IF_ERROR(FinishOnGpu(b, count, dtype, op, postscale, stream));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (bytes[i] == 0 || tensors[i].output == nullptr) continue;
+      TFRING_RETURN_IF_ERROR(
+          Cuda(api_->MemcpyAsync(tensors[i].output, b + off[i], bytes[i], stream),
+               "cudaMemcpyAsync(out of the fusion buffer)"));
+    }
+  }
+  return Finish(comm, stream, "allreduce", done);
+}
+
+Status NcclDataPlane::Allgather(int device, GpuStream stream, const void* send, void* recv,
+                                const std::vector<int64_t>& recv_bytes, GpuCompletion* done) {
+  if (static_cast<int>(recv_bytes.size()) != size_) {
+    return Status::InvalidArgument("tfring: NCCL allgather got " +
+                                   std::to_string(recv_bytes.size()) + " sizes for " +
+                                   std::to_string(size_) + " ranks");
+  }
+  NcclComm comm = nullptr;
+  TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
+  const std::vector<int64_t> off = Offsets(recv_bytes);
+  char* out = static_cast<char*>(recv);
+  if (AllEqual(recv_bytes)) {
+    // NCCL's own allgather (ring/tree algorithms) needs equal counts.
+    if (recv_bytes[0] > 0) {
+      TFRING_RETURN_IF_ERROR(
+          Check(api_->AllGather(send, out, recv_bytes[0], comm, stream), comm, "ncclAllGather"));
+    }
+  } else {
+    // Ragged: one grouped send/recv per peer. Padding every block to the
+    // largest would move (and allocate) size * max bytes per rank, then need
+    // a compaction pass; with uneven splits that is often several times the
+    // real data. The grouped point-to-point form moves exactly the bytes.
+    if (recv_bytes[rank_] > 0) {
+      TFRING_RETURN_IF_ERROR(
+          Cuda(api_->MemcpyAsync(out + off[rank_], send, recv_bytes[rank_], stream),
+               "cudaMemcpyAsync(own allgather block)"));
+    }
+    TFRING_RETURN_IF_ERROR(Check(api_->GroupStart(), comm, "ncclGroupStart"));
+    Status s;
+    for (int peer = 0; peer < size_ && s.ok(); ++peer) {
+      if (peer == rank_) continue;
+      if (recv_bytes[rank_] > 0)
+        s = Check(api_->Send(send, recv_bytes[rank_], peer, comm, stream), comm, "ncclSend");
+      if (s.ok() && recv_bytes[peer] > 0)
+        s = Check(api_->Recv(out + off[peer], recv_bytes[peer], peer, comm, stream), comm,
+                  "ncclRecv");
+    }
+    Status end = Check(api_->GroupEnd(), comm, "ncclGroupEnd(allgather)");
+    TFRING_RETURN_IF_ERROR(s);
+    TFRING_RETURN_IF_ERROR(end);
+  }
+  return Finish(comm, stream, "allgather", done);
+}
+
+Status NcclDataPlane::Broadcast(int device, GpuStream stream, void* buffer, int64_t bytes, int root,
+                                GpuCompletion* done) {
+  if (root < 0 || root >= size_) {
+    return Status::InvalidArgument("tfring: broadcast root " + std::to_string(root) +
+                                   " is not a rank of a process set of " + std::to_string(size_));
+  }
+  NcclComm comm = nullptr;
+  TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
+  if (bytes > 0) {
+    TFRING_RETURN_IF_ERROR(Check(api_->Broadcast(buffer, buffer, bytes, root, comm, stream), comm,
+                                 "ncclBroadcast"));
+  }
+  return Finish(comm, stream, "broadcast", done);
+}
+
+Status NcclDataPlane::Alltoall(int device, GpuStream stream, const void* send,
+                               const std::vector<int64_t>& send_bytes, void* recv,
+                               const std::vector<int64_t>& recv_bytes, GpuCompletion* done) {
+  if (static_cast<int>(send_bytes.size()) != size_ ||
+      static_cast<int>(recv_bytes.size()) != size_) {
+    return Status::InvalidArgument("tfring: NCCL alltoall needs one send and one receive size "
+                                   "per rank (" + std::to_string(size_) + " ranks)");
+  }
+  NcclComm comm = nullptr;
+  TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
+  const std::vector<int64_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  if (send_bytes[rank_] != recv_bytes[rank_]) {
+    return Status::InvalidArgument("tfring: alltoall sends " + std::to_string(send_bytes[rank_]) +
+                                   " bytes to itself but expects " +
+                                   std::to_string(recv_bytes[rank_]));
+  }
+  if (send_bytes[rank_] > 0) {
+    TFRING_RETURN_IF_ERROR(Cuda(
+        api_->MemcpyAsync(out + roff[rank_], in + soff[rank_], send_bytes[rank_], stream),
+        "cudaMemcpyAsync(own alltoall block)"));
+  }
+  if (size_ > 1) {
+    TFRING_RETURN_IF_ERROR(Check(api_->GroupStart(), comm, "ncclGroupStart"));
+    Status s;
+    for (int peer = 0; peer < size_ && s.ok(); ++peer) {
+      if (peer == rank_) continue;
+      if (send_bytes[peer] > 0)
+        s = Check(api_->Send(in + soff[peer], send_bytes[peer], peer, comm, stream), comm,
+                  "ncclSend");
+      if (s.ok() && recv_bytes[peer] > 0)
+        s = Check(api_->Recv(out + roff[peer], recv_bytes[peer], peer, comm, stream), comm,
+                  "ncclRecv");
+    }
+    Status end = Check(api_->GroupEnd(), comm, "ncclGroupEnd(alltoall)");
+    TFRING_RETURN_IF_ERROR(s);
+    TFRING_RETURN_IF_ERROR(end);
+  }
+  return Finish(comm, stream, "alltoall", done);
+}
+
+Status NcclDataPlane::Reducescatter(int device, GpuStream stream, const void* send, void* recv,
+                                    const std::vector<int64_t>& recv_counts, DataType dtype,
+                                    ReduceOp op, double prescale, double postscale,
+                                    GpuCompletion* done) {
+  if (static_cast<int>(recv_counts.size()) != size_) {
+    return Status::InvalidArgument("tfring: NCCL reducescatter got " +
+                                   std::to_string(recv_counts.size()) + " counts for " +
+                                   std::to_string(size_) + " ranks");
+  }
+  TFRING_RETURN_IF_ERROR(CheckReduction(dtype, op, "reducescatter"));
+  NcclComm comm = nullptr;
+  TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
+  const std::vector<int64_t> off = Offsets(recv_counts);
+  const int64_t total = off.back(), esize = DataTypeSize(dtype);
+  if (total > 0) {
+    if (prescale != 1.0) {
+      void* buf = nullptr;
+      TFRING_RETURN_IF_ERROR(FusionBuffer(device, total * esize, &buf));
+      TFRING_RETURN_IF_ERROR(ScaleOnGpu(buf, send, total, dtype, prescale, stream));
+      send = buf;
+    }
+    const char* in = static_cast<const char*>(send);
+    if (AllEqual(recv_counts)) {
+      TFRING_RETURN_IF_ERROR(Check(
+          api_->ReduceScatter(in, recv, recv_counts[0], dtype, NcclOp(op), comm, stream), comm,
+          "ncclReduceScatter"));
+    } else {
+      // Uneven blocks (rows not divisible by the set size): one reduce per
+      // block, rooted at the rank that keeps it, in one group so that NCCL
+      // runs them together.
+      TFRING_RETURN_IF_ERROR(Check(api_->GroupStart(), comm, "ncclGroupStart"));
+      Status s;
+      for (int r = 0; r < size_ && s.ok(); ++r) {
+        if (recv_counts[r] == 0) continue;
+        s = Check(api_->Reduce(in + off[r] * esize, recv, recv_counts[r], dtype, NcclOp(op), r,
+                               comm, stream),
+                  comm, "ncclReduce");
+      }
+      Status end = Check(api_->GroupEnd(), comm, "ncclGroupEnd(reducescatter)");
+      TFRING_RETURN_IF_ERROR(s);
+      TFRING_RETURN_IF_ERROR(end);
+    }
+    TFRING_RETURN_IF_ERROR(FinishOnGpu(recv, recv_counts[rank_], dtype, op, postscale, stream));
+  }
+  return Finish(comm, stream, "reducescatter", done);
+}
+
+}  // namespace tfring
+
+#endif  // GPU build

@@ -1,0 +1,728 @@
+// Unit tests of the NCCL data plane's logic with a fake NcclApi on host
+// memory: no GPU, no nccl.h, no CUDA. Communicator keying, the unique-id
+// exchange, waiting on non-blocking communicators (async errors, the abort
+// flag, the timeout), NCCL result codes as Status, the call schedules of the
+// ragged collectives, fusion offsets, and scaling/averaging semantics.
+// Built and run by tests/common/test_nccl_cpp.py (ASan/UBSan) and by Bazel
+// as //tf_ops:nccl_plane_test.
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../ops/nccl_api.h"
+#include "../ops/nccl_data_plane.h"
+#include "../reduction.h"
+
+using namespace tfring;
+
+static int g_failures = 0;
+static int g_checks = 0;
+
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    ++g_checks;                                                                       \
+    if (!(cond)) {                                                                    \
+      ++g_failures;                                                                   \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
+    }                                                                                 \
+  } while (0)
+
+static bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+namespace {
+
+// A fake NCCL + CUDA on host memory. A communicator of `size` ranks acts as
+// if every peer held the same data as this rank, so reductions have known
+// results (SUM = size * x); point-to-point receives fill their block with
+// the byte (peer + 1), so the test can see where each block landed.
+class FakeApi : public NcclApi {
+ public:
+  struct Comm {
+    int nranks, rank;
+    std::string id;
+    bool aborted = false, destroyed = false;
+  };
+
+  std::vector<std::string> log;
+  std::string next_id = std::string(kNcclUniqueIdBytes, 'u');
+  NcclResult id_result = NcclResult::kSuccess;
+  NcclResult init_result = NcclResult::kSuccess;
+  NcclResult collective_result = NcclResult::kSuccess;
+  std::deque<NcclResult> async_results;  // then kSuccess (or `async_forever`)
+  bool async_forever_in_progress = false;
+  std::deque<EventState> event_states;   // then kDone
+  int current_device = 0;
+  int events_created = 0;
+  int async_queries = 0;
+  std::vector<Comm*> comms;
+  std::map<void*, int64_t> allocations;
+
+  ~FakeApi() override {
+    for (Comm* c : comms) delete c;
+  }
+  Comm* C(NcclComm c) { return static_cast<Comm*>(c); }
+  void Log(const std::string& s) { log.push_back(s); }
+  bool Logged(const std::string& s) const {
+    for (const auto& l : log)
+      if (l == s) return true;
+    return false;
+  }
+  int Count(const std::string& prefix) const {
+    int n = 0;
+    for (const auto& l : log) n += l.compare(0, prefix.size(), prefix) == 0;
+    return n;
+  }
+
+  NcclResult GetUniqueId(std::string* id) override {
+    Log("GetUniqueId");
+    if (id_result == NcclResult::kSuccess) *id = next_id;
+    return id_result;
+  }
+  NcclResult CommInitRank(NcclComm* comm, int nranks, const std::string& id, int rank) override {
+    Log("CommInitRank " + std::to_string(rank) + "/" + std::to_string(nranks) + " dev " +
+        std::to_string(current_device));
+    Comm* c = new Comm{nranks, rank, id};
+    comms.push_back(c);
+    *comm = c;
+    return init_result;
+  }
+  NcclResult CommGetAsyncError(NcclComm, NcclResult* async) override {
+    ++async_queries;
+    if (!async_results.empty()) {
+      *async = async_results.front();
+      async_results.pop_front();
+    } else {
+      *async = async_forever_in_progress ? NcclResult::kInProgress : NcclResult::kSuccess;
+    }
+    return NcclResult::kSuccess;
+  }
+  NcclResult CommAbort(NcclComm comm) override {
+    Log("CommAbort");
+    C(comm)->aborted = true;
+    return NcclResult::kSuccess;
+  }
+  NcclResult CommDestroy(NcclComm comm) override {
+    Log("CommDestroy");
+    C(comm)->destroyed = true;
+    return NcclResult::kSuccess;
+  }
+  std::string ErrorString(NcclResult r) override {
+    return std::string("text of ") + NcclResultName(r);
+  }
+  std::string LastError(NcclComm) override { return "last error detail"; }
+  NcclResult GroupStart() override {
+    Log("GroupStart");
+    return NcclResult::kSuccess;
+  }
+  NcclResult GroupEnd() override {
+    Log("GroupEnd");
+    return NcclResult::kSuccess;
+  }
+
+  // recv = op over `n` copies of send.
+  void ReduceCopies(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                    int n) {
+    const int64_t bytes = count * DataTypeSize(dtype);
+    std::vector<char> orig(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+    std::memcpy(recv, orig.data(), bytes);
+    for (int i = 1; i < n; ++i) ReduceInto(recv, orig.data(), count, dtype, op);
+  }
+  NcclResult AllReduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                       NcclComm comm, GpuStream) override {
+    Log(std::string("AllReduce ") + ReduceOpName(op) + (send == recv ? " inplace" : " outofplace"));
+    if (collective_result != NcclResult::kSuccess) return collective_result;
+    ReduceCopies(send, recv, count, dtype, op, C(comm)->nranks);
+    return NcclResult::kSuccess;
+  }
+  NcclResult Reduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                    int root, NcclComm comm, GpuStream) override {
+    Log("Reduce count " + std::to_string(count) + " root " + std::to_string(root));
+    if (root == C(comm)->rank) ReduceCopies(send, recv, count, dtype, op, C(comm)->nranks);
+    return NcclResult::kSuccess;
+  }
+  NcclResult ReduceScatter(const void* send, void* recv, int64_t count, DataType dtype,
+                           ReduceOp op, NcclComm comm, GpuStream) override {
+    Log("ReduceScatter " + std::to_string(count));
+    ReduceCopies(static_cast<const char*>(send) + C(comm)->rank * count * DataTypeSize(dtype),
+                 recv, count, dtype, op, C(comm)->nranks);
+    return NcclResult::kSuccess;
+  }
+  NcclResult AllGather(const void* send, void* recv, int64_t bytes, NcclComm comm,
+                       GpuStream) override {
+    Log("AllGather " + std::to_string(bytes));
+    for (int r = 0; r < C(comm)->nranks; ++r) {
+      char* block = static_cast<char*>(recv) + r * bytes;
+      if (r == C(comm)->rank) {
+        std::memcpy(block, send, bytes);
+      } else {
+        std::memset(block, r + 1, bytes);
+      }
+    }
+    return NcclResult::kSuccess;
+  }
+  NcclResult Broadcast(const void*, void*, int64_t bytes, int root, NcclComm,
+                       GpuStream) override {
+    Log("Broadcast " + std::to_string(bytes) + " root " + std::to_string(root));
+    return collective_result;
+  }
+  NcclResult Send(const void*, int64_t bytes, int peer, NcclComm, GpuStream) override {
+    Log("Send " + std::to_string(bytes) + " to " + std::to_string(peer));
+    return NcclResult::kSuccess;
+  }
+  NcclResult Recv(void* buf, int64_t bytes, int peer, NcclComm, GpuStream) override {
+    Log("Recv " + std::to_string(bytes) + " from " + std::to_string(peer));
+    std::memset(buf, peer + 1, bytes);
+    return NcclResult::kSuccess;
+  }
+  bool SupportsDataType(DataType dtype) const override {
+    return dtype != DataType::BOOL && dtype != DataType::INT16 && dtype != DataType::UINT16;
+  }
+
+  int GetDevice(int* device) override {
+    *device = current_device;
+    return 0;
+  }
+  int SetDevice(int device) override {
+    current_device = device;
+    return 0;
+  }
+  int Malloc(void** ptr, int64_t bytes) override {
+    Log("Malloc " + std::to_string(bytes));
+    *ptr = ::operator new(static_cast<size_t>(bytes));
+    allocations[*ptr] = bytes;
+    return 0;
+  }
+  int Free(void* ptr) override {
+    Log("Free");
+    allocations.erase(ptr);
+    ::operator delete(ptr);
+    return 0;
+  }
+  int MemcpyAsync(void* dst, const void* src, int64_t bytes, GpuStream) override {
+    Log("Memcpy " + std::to_string(bytes));
+    std::memmove(dst, src, bytes);
+    return 0;
+  }
+  int MemsetAsync(void* dst, int value, int64_t bytes, GpuStream) override {
+    Log("Memset " + std::to_string(bytes));
+    std::memset(dst, value, bytes);
+    return 0;
+  }
+  int EventCreate(GpuEvent* event) override {
+    ++events_created;
+    *event = reinterpret_cast<GpuEvent>(static_cast<intptr_t>(events_created));
+    return 0;
+  }
+  int EventRecord(GpuEvent, GpuStream) override {
+    Log("EventRecord");
+    return 0;
+  }
+  EventState EventQuery(GpuEvent, int* error) override {
+    *error = 0;
+    if (event_states.empty()) return EventState::kDone;
+    EventState s = event_states.front();
+    event_states.pop_front();
+    if (s == EventState::kError) *error = 700;
+    return s;
+  }
+  int EventDestroy(GpuEvent) override { return 0; }
+  std::string CudaErrorString(int error) override {
+    return "cuda error text " + std::to_string(error);
+  }
+  int Scale(void* dst, const void* src, int64_t count, DataType dtype, double factor,
+            GpuStream) override {
+    Log("Scale " + std::to_string(factor));
+    std::memmove(dst, src, count * DataTypeSize(dtype));
+    return ScaleBuffer(dst, count, dtype, factor).ok() ? 0 : 1;
+  }
+  int DivideIntegers(void* buf, int64_t count, DataType dtype, int64_t divisor,
+                     GpuStream) override {
+    Log("Divide " + std::to_string(divisor));
+    return FinishReduction(buf, count, dtype, ReduceOp::AVERAGE, 1.0, static_cast<int>(divisor))
+                   .ok()
+               ? 0
+               : 1;
+  }
+};
+
+// The controller's broadcast from rank 0, seen from one rank.
+struct FakeBroadcast {
+  std::string from_root = std::string(kNcclUniqueIdBytes, 'r');  // what non-roots receive
+  std::vector<std::string> sent;                                   // what this rank passed in
+  Status result = Status::OK();
+  int rank = 0;
+  BroadcastBytesFn fn() {
+    return [this](std::string* bytes) {
+      sent.push_back(*bytes);
+      if (!result.ok()) return result;
+      if (rank != 0) *bytes = from_root;
+      return Status::OK();
+    };
+  }
+};
+
+void TestResultMapping() {
+  struct Case {
+    NcclResult r;
+    StatusCode code;
+  } cases[] = {
+      {NcclResult::kUnhandledCudaError, StatusCode::UNKNOWN},
+      {NcclResult::kSystemError, StatusCode::ABORTED},
+      {NcclResult::kInternalError, StatusCode::UNKNOWN},
+      {NcclResult::kInvalidArgument, StatusCode::INVALID_ARGUMENT},
+      {NcclResult::kInvalidUsage, StatusCode::INVALID_ARGUMENT},
+      {NcclResult::kRemoteError, StatusCode::ABORTED},
+      {NcclResult::kTimeout, StatusCode::ABORTED},
+  };
+  for (const Case& c : cases) {
+    Status s = NcclResultToStatus(c.r, "ncclAllReduce", "the error string", "the last error");
+    CHECK(s.code() == c.code);
+    CHECK(Contains(s.message(), "ncclAllReduce"));
+    CHECK(Contains(s.message(), NcclResultName(c.r)));
+    CHECK(Contains(s.message(), "(" + std::to_string(static_cast<int>(c.r)) + ")"));
+    CHECK(Contains(s.message(), "the error string"));
+    CHECK(Contains(s.message(), "the last error"));
+  }
+  CHECK(NcclResultToStatus(NcclResult::kSuccess, "x", "", "").ok());
+  CHECK(NcclResultToStatus(NcclResult::kInProgress, "x", "", "").in_progress());
+  // NCCL's last error is often its error string again: not said twice.
+  Status same = NcclResultToStatus(NcclResult::kInternalError, "x", "same", "same");
+  CHECK(same.message().find("same") == same.message().rfind("same"));
+  CHECK(std::string(NcclResultName(NcclResult::kRemoteError)) == "ncclRemoteError");
+
+  Status cuda = CudaErrorToStatus(2, "cudaMalloc", "out of memory");
+  CHECK(cuda.code() == StatusCode::UNKNOWN);
+  CHECK(Contains(cuda.message(), "cudaMalloc") && Contains(cuda.message(), "out of memory"));
+  CHECK(CudaErrorToStatus(0, "x", "").ok());
+}
+
+void TestKeying() {
+  FakeApi api;
+  auto abort = std::make_shared<NcclAbortFlag>();
+  FakeBroadcast bc;
+  {
+    NcclCommunicators comms(&api, abort);
+    NcclComm a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+    CHECK(comms.Get(0, 0, 0, 2, bc.fn(), &a).ok());
+    CHECK(comms.Get(0, 0, 0, 2, bc.fn(), &b).ok());
+    CHECK(a != nullptr && a == b);
+    CHECK(api.Count("CommInitRank") == 1 && api.Count("GetUniqueId") == 1);
+    // Another device of the same set, and another set: new communicators,
+    // each formed on its own device.
+    CHECK(comms.Get(0, 1, 0, 2, bc.fn(), &c).ok());
+    CHECK(api.Logged("CommInitRank 0/2 dev 1"));
+    CHECK(comms.Get(3, 0, 0, 2, bc.fn(), &d).ok());
+    CHECK(c != a && d != a && d != c);
+    CHECK(comms.size() == 3);
+    CHECK(api.Count("CommInitRank") == 3);
+    // The same key asked for another rank/size is a caller bug, said so.
+    NcclComm e = nullptr;
+    Status s = comms.Get(0, 0, 1, 3, bc.fn(), &e);
+    CHECK(s.code() == StatusCode::UNKNOWN);
+    CHECK(Contains(s.message(), "process set 0") && Contains(s.message(), "rank 0 of 2"));
+    // Removing a set destroys its communicators on every device; its id can
+    // then be reused with another membership.
+    comms.Remove(0);
+    CHECK(api.Count("CommDestroy") == 2);
+    CHECK(api.C(a)->destroyed && api.C(c)->destroyed && !api.C(d)->destroyed);
+    CHECK(comms.size() == 1);
+    FakeBroadcast as_rank1;
+    as_rank1.rank = 1;
+    CHECK(comms.Get(0, 0, 1, 3, as_rank1.fn(), &e).ok());
+    CHECK(e != a);
+  }
+  // Destroyed with the cache (no abort requested): destroyed, not aborted.
+  CHECK(api.Count("CommDestroy") == 4);
+  CHECK(api.Count("CommAbort") == 0);
+}
+
+void TestIdExchange() {
+  {  // Rank 0 makes the id and sends it; it forms its communicator with it.
+    FakeApi api;
+    api.next_id = std::string(kNcclUniqueIdBytes, 'z');
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    FakeBroadcast bc;
+    NcclComm c = nullptr;
+    CHECK(comms.Get(5, 0, 0, 4, bc.fn(), &c).ok());
+    CHECK(bc.sent.size() == 1 && bc.sent[0] == api.next_id);
+    CHECK(api.C(c)->id == api.next_id && api.C(c)->rank == 0 && api.C(c)->nranks == 4);
+  }
+  {  // Another rank takes the id it receives and makes none.
+    FakeApi api;
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    FakeBroadcast bc;
+    bc.rank = 2;
+    NcclComm c = nullptr;
+    CHECK(comms.Get(5, 0, 2, 4, bc.fn(), &c).ok());
+    CHECK(api.Count("GetUniqueId") == 0);
+    CHECK(api.C(c)->id == bc.from_root && api.C(c)->rank == 2);
+  }
+  {  // A truncated id is refused before NCCL sees it.
+    FakeApi api;
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    FakeBroadcast bc;
+    bc.rank = 1;
+    bc.from_root = "short";
+    NcclComm c = nullptr;
+    Status s = comms.Get(5, 0, 1, 2, bc.fn(), &c);
+    CHECK(!s.ok() && Contains(s.message(), "5 bytes") && Contains(s.message(), "128"));
+    CHECK(api.Count("CommInitRank") == 0 && comms.size() == 0);
+  }
+  {  // Rank 0 cannot make an id: it still broadcasts (empty), so no rank waits forever.
+    FakeApi api;
+    api.id_result = NcclResult::kSystemError;
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    FakeBroadcast bc;
+    NcclComm c = nullptr;
+    Status s = comms.Get(5, 0, 0, 2, bc.fn(), &c);
+    CHECK(s.code() == StatusCode::ABORTED);
+    CHECK(Contains(s.message(), "ncclGetUniqueId") && Contains(s.message(), "ncclSystemError"));
+    CHECK(bc.sent.size() == 1 && bc.sent[0].empty());
+    CHECK(api.Count("CommInitRank") == 0);
+  }
+  {  // ...and the others learn that rank 0 failed.
+    FakeApi api;
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    FakeBroadcast bc;
+    bc.rank = 1;
+    bc.from_root = "";
+    NcclComm c = nullptr;
+    Status s = comms.Get(5, 0, 1, 2, bc.fn(), &c);
+    CHECK(!s.ok() && Contains(s.message(), "rank 0 of the process set could not create"));
+  }
+  {  // The controller's failure comes up with its cause.
+    FakeApi api;
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    FakeBroadcast bc;
+    bc.result = Status::Aborted("rank 1 died");
+    NcclComm c = nullptr;
+    Status s = comms.Get(5, 0, 0, 2, bc.fn(), &c);
+    CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank 1 died"));
+    CHECK(Contains(s.message(), "process set 5"));
+  }
+}
+
+void TestNonBlockingInit() {
+  FakeBroadcast bc;
+  {  // Forming: polled until ready, even when the init call said success.
+    FakeApi api;
+    api.async_results = {NcclResult::kInProgress, NcclResult::kInProgress,
+                         NcclResult::kInProgress};
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    NcclComm c = nullptr;
+    CHECK(comms.Get(1, 0, 0, 2, bc.fn(), &c).ok());
+    CHECK(api.async_queries == 4);
+  }
+  {  // An async error while forming: the communicator is aborted, not kept.
+    FakeApi api;
+    api.init_result = NcclResult::kInProgress;
+    api.async_results = {NcclResult::kInProgress, NcclResult::kRemoteError};
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    NcclComm c = nullptr;
+    Status s = comms.Get(1, 0, 0, 2, bc.fn(), &c);
+    CHECK(s.code() == StatusCode::ABORTED);
+    CHECK(Contains(s.message(), "ncclRemoteError") && Contains(s.message(), "last error detail"));
+    CHECK(api.Count("CommAbort") == 1 && comms.size() == 0);
+  }
+  {  // The abort flag ends the wait (a dead peer would otherwise hang it).
+    FakeApi api;
+    api.async_forever_in_progress = true;
+    auto abort = std::make_shared<NcclAbortFlag>();
+    abort->Request("rank 3 died");
+    abort->Request("a later reason is not kept");
+    NcclCommunicators comms(&api, abort);
+    NcclComm c = nullptr;
+    Status s = comms.Get(1, 0, 0, 2, bc.fn(), &c);
+    CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank 3 died"));
+    CHECK(!Contains(s.message(), "later"));
+  }
+  {
+    FakeApi api;
+    api.async_forever_in_progress = true;
+    auto abort = std::make_shared<NcclAbortFlag>();
+    NcclCommunicators comms(&api, abort);
+    NcclComm first = nullptr;
+    api.async_forever_in_progress = false;
+    CHECK(comms.Get(1, 0, 0, 2, bc.fn(), &first).ok());
+    api.async_forever_in_progress = true;
+    abort->Request("peer gone");
+    NcclComm c = nullptr;
+    Status s = comms.Get(2, 0, 0, 2, bc.fn(), &c);
+    CHECK(s.code() == StatusCode::ABORTED);
+    // Every cached communicator is aborted too.
+    CHECK(api.C(first)->aborted && comms.size() == 0);
+  }
+  {  // And the deadline.
+    FakeApi api;
+    api.async_forever_in_progress = true;
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>(),
+                            std::chrono::milliseconds(50));
+    NcclComm c = nullptr;
+    Status s = comms.Get(1, 0, 0, 2, bc.fn(), &c);
+    CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "did not finish"));
+    CHECK(api.Count("CommAbort") == 1 && comms.size() == 0);
+  }
+  {  // A synchronous init failure.
+    FakeApi api;
+    api.init_result = NcclResult::kInvalidUsage;
+    NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+    NcclComm c = nullptr;
+    Status s = comms.Get(1, 0, 0, 2, bc.fn(), &c);
+    CHECK(s.code() == StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.message(), "ncclCommInitRankConfig") && Contains(s.message(), "GPU 0"));
+    CHECK(comms.size() == 0);
+  }
+}
+
+std::vector<char> Floats(std::initializer_list<float> v) {
+  std::vector<char> b(v.size() * 4);
+  std::memcpy(b.data(), v.begin(), b.size());
+  return b;
+}
+std::vector<char> Ints(std::initializer_list<int32_t> v) {
+  std::vector<char> b(v.size() * 4);
+  std::memcpy(b.data(), v.begin(), b.size());
+  return b;
+}
+
+void TestAllreduce() {
+  FakeBroadcast bc;
+  FakeApi api;
+  NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+  NcclDataPlane plane(&comms, 0, 0, 3, bc.fn());  // 3 ranks, all holding the same data
+  GpuCompletion done;
+  {  // float32 average with pre/postscale, out of place: ((x*2)*3)*0.5/3.
+    std::vector<char> in = Floats({1, 2, -4}), out(12);
+    CHECK(plane.Allreduce(0, nullptr, in.data(), out.data(), 3, DataType::FLOAT32,
+                          ReduceOp::AVERAGE, 2.0, 0.5, &done).ok());
+    CHECK(out == Floats({1, 2, -4}));
+    CHECK(in == Floats({1, 2, -4}));
+    // Prescale writes the output, NCCL then sums in place there.
+    CHECK(api.Logged("Scale 2.000000") && api.Logged("AllReduce Sum inplace"));
+    CHECK(done.pending());
+    CHECK(plane.Poll(&done).ok() && !done.pending());
+  }
+  {  // int32 average: summed, then divided with truncation (7*3/3 = 7, -5*3/3 = -5).
+    std::vector<char> buf = Ints({7, -5, 1});
+    api.log.clear();
+    CHECK(plane.Allreduce(0, nullptr, buf.data(), buf.data(), 3, DataType::INT32,
+                          ReduceOp::AVERAGE, 1.0, 1.0, &done).ok());
+    CHECK(buf == Ints({7, -5, 1}));
+    CHECK(api.Logged("Divide 3") && api.Count("Scale") == 0);
+    // int32 sum with postscale 0.5: (x*3)*0.5 truncated.
+    buf = Ints({7, -5, 1});
+    CHECK(plane.Allreduce(0, nullptr, buf.data(), buf.data(), 3, DataType::INT32, ReduceOp::SUM,
+                          1.0, 0.5, &done).ok());
+    CHECK(buf == Ints({10, -7, 1}));
+    // max, product.
+    buf = Ints({2, -3, 1});
+    CHECK(plane.Allreduce(0, nullptr, buf.data(), buf.data(), 3, DataType::INT32,
+                          ReduceOp::PRODUCT, 1.0, 1.0, &done).ok());
+    CHECK(buf == Ints({8, -27, 1}));
+    CHECK(api.Logged("AllReduce Product inplace"));
+  }
+  {  // NCCL cannot reduce bool or int16, and Adasum is no NCCL op: refused before NCCL.
+    api.log.clear();
+    std::vector<char> b(4);
+    Status s = plane.Allreduce(0, nullptr, b.data(), b.data(), 4, DataType::BOOL, ReduceOp::SUM,
+                               1.0, 1.0, &done);
+    CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "bool"));
+    s = plane.Allreduce(0, nullptr, b.data(), b.data(), 1, DataType::FLOAT32, ReduceOp::ADASUM,
+                        1.0, 1.0, &done);
+    CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "Adasum"));
+    CHECK(api.Count("AllReduce") == 0);
+  }
+  {  // A collective that NCCL fails with a remote error aborts the communicators.
+    api.collective_result = NcclResult::kRemoteError;
+    std::vector<char> b = Floats({1});
+    Status s = plane.Allreduce(0, nullptr, b.data(), b.data(), 1, DataType::FLOAT32,
+                               ReduceOp::SUM, 1.0, 1.0, &done);
+    CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "ncclAllReduce"));
+    CHECK(comms.size() == 0 && api.Count("CommAbort") == 1);
+    api.collective_result = NcclResult::kSuccess;
+  }
+  {  // An enqueue that NCCL reports in progress is waited for.
+    api.collective_result = NcclResult::kInProgress;
+    api.async_results = {NcclResult::kInProgress, NcclResult::kSuccess};
+    std::vector<char> b = Floats({1});
+    CHECK(plane.Allreduce(0, nullptr, b.data(), b.data(), 1, DataType::FLOAT32, ReduceOp::SUM,
+                          1.0, 1.0, &done).ok());
+    CHECK(plane.in_progress_waits() == 1);
+    api.collective_result = NcclResult::kSuccess;
+  }
+}
+
+void TestFusedAllreduce() {
+  FakeBroadcast bc;
+  FakeApi api;
+  NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+  NcclDataPlane plane(&comms, 0, 0, 2, bc.fn());
+  std::vector<char> a = Floats({1, 2}), b = Floats({3}), c = Floats({4, 5, 6});
+  std::vector<char> oa(8), ob(4), oc(12);
+  std::vector<GpuTensor> t(4);
+  t[0] = {a.data(), oa.data(), 2};
+  t[1] = {b.data(), ob.data(), 1};
+  t[2] = {nullptr, nullptr, 5};  // joined: zeros, no output
+  t[3] = {c.data(), oc.data(), 3};
+  GpuCompletion done;
+  CHECK(plane.FusedAllreduce(0, nullptr, t, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, &done)
+            .ok());
+  CHECK(oa == Floats({2, 4}) && ob == Floats({6}) && oc == Floats({8, 10, 12}));
+  CHECK(api.Logged("Malloc 256"));  // 44 bytes, rounded up
+  CHECK(api.Count("Memcpy") == 6 && api.Logged("Memset 20"));
+  CHECK(api.Count("AllReduce Sum inplace") == 1);
+  CHECK(plane.fusion_capacity(0) == 256);
+  // Smaller next time: the buffer is reused; bigger: it grows.
+  std::vector<GpuTensor> small(t.begin(), t.begin() + 2);
+  CHECK(plane.FusedAllreduce(0, nullptr, small, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, &done)
+            .ok());
+  CHECK(api.Count("Malloc") == 1);
+  std::vector<char> big(400 * 4), obig(400 * 4);
+  std::vector<GpuTensor> two = {{big.data(), obig.data(), 400}, {a.data(), oa.data(), 2}};
+  CHECK(plane.FusedAllreduce(0, nullptr, two, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, &done)
+            .ok());
+  CHECK(api.Count("Malloc") == 2 && api.Count("Free") == 1);
+  CHECK(plane.fusion_capacity(0) >= 1608);
+  // One tensor skips the fusion buffer: reduced from its input into its output.
+  api.log.clear();
+  std::vector<GpuTensor> one = {{a.data(), oa.data(), 2}};
+  CHECK(plane.FusedAllreduce(0, nullptr, one, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, &done)
+            .ok());
+  CHECK(api.Logged("AllReduce Sum outofplace") && api.Count("Memcpy") == 0);
+  CHECK(oa == Floats({2, 4}));
+}
+
+void TestRaggedCollectives() {
+  FakeBroadcast bc;
+  bc.rank = 1;
+  FakeApi api;
+  NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+  NcclDataPlane plane(&comms, 0, 1, 3, bc.fn());  // rank 1 of 3
+  GpuCompletion done;
+  {  // Ragged allgather: own block copied, one send per peer, receives at offsets.
+    std::vector<char> send(8, 'x'), recv(12, 0);
+    CHECK(plane.Allgather(0, nullptr, send.data(), recv.data(), {4, 8, 0}, &done).ok());
+    CHECK(std::string(recv.begin(), recv.end()) ==
+          std::string(4, '\1') + std::string(8, 'x'));
+    CHECK(api.Logged("Send 8 to 0") && api.Logged("Send 8 to 2"));
+    CHECK(api.Logged("Recv 4 from 0") && api.Count("Recv") == 1);
+    CHECK(api.Count("GroupStart") == 1 && api.Count("GroupEnd") == 1);
+    CHECK(api.Count("AllGather") == 0);
+    // Equal blocks use NCCL's allgather.
+    std::vector<char> out(24);
+    CHECK(plane.Allgather(0, nullptr, send.data(), out.data(), {8, 8, 8}, &done).ok());
+    CHECK(api.Logged("AllGather 8"));
+    CHECK(std::string(out.begin() + 8, out.begin() + 16) == std::string(8, 'x'));
+    Status s = plane.Allgather(0, nullptr, send.data(), out.data(), {8, 8}, &done);
+    CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "3 ranks"));
+  }
+  {  // Alltoall: blocks at their offsets, nothing sent or received when empty.
+    api.log.clear();
+    std::vector<char> send = {'a', 'b', 'b', 'c'}, recv(5, 0);
+    // to rank 0: "a", to self: "bb", to rank 2: "c"; from 0: 1 byte, self 2, from 2: 2.
+    CHECK(plane.Alltoall(0, nullptr, send.data(), {1, 2, 1}, recv.data(), {1, 2, 2}, &done).ok());
+    CHECK(std::string(recv.begin(), recv.end()) == std::string("\1bb\3\3", 5));
+    CHECK(api.Logged("Send 1 to 0") && api.Logged("Send 1 to 2"));
+    CHECK(api.Logged("Recv 1 from 0") && api.Logged("Recv 2 from 2"));
+    api.log.clear();
+    CHECK(plane.Alltoall(0, nullptr, send.data(), {0, 2, 0}, recv.data(), {0, 2, 0}, &done).ok());
+    CHECK(api.Count("Send") == 0 && api.Count("Recv") == 0);
+    Status s = plane.Alltoall(0, nullptr, send.data(), {1, 2, 1}, recv.data(), {1, 3, 1}, &done);
+    CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "itself"));
+  }
+  {  // Ragged reducescatter: one reduce per block, rooted at its keeper.
+    api.log.clear();
+    std::vector<char> send = Floats({1, 2, 3, 4, 5, 6, 7}), recv(8);
+    CHECK(plane.Reducescatter(0, nullptr, send.data(), recv.data(), {3, 2, 2}, DataType::FLOAT32,
+                              ReduceOp::AVERAGE, 1.0, 1.0, &done)
+              .ok());
+    CHECK(api.Logged("Reduce count 3 root 0") && api.Logged("Reduce count 2 root 1") &&
+          api.Logged("Reduce count 2 root 2"));
+    CHECK(recv == Floats({4, 5}));  // rank 1's block, averaged over 3 equal ranks
+    CHECK(api.Count("ReduceScatter") == 0);
+    // Equal blocks, with prescale: through the fusion buffer, then NCCL's reducescatter.
+    std::vector<char> six = Floats({1, 2, 3, 4, 5, 6}), out(8);
+    CHECK(plane.Reducescatter(0, nullptr, six.data(), out.data(), {2, 2, 2}, DataType::FLOAT32,
+                              ReduceOp::SUM, 2.0, 1.0, &done)
+              .ok());
+    CHECK(api.Logged("ReduceScatter 2") && api.Logged("Scale 2.000000"));
+    CHECK(out == Floats({18, 24}));  // (3,4) * 2 * 3 ranks
+    CHECK(six == Floats({1, 2, 3, 4, 5, 6}));
+  }
+  {  // Broadcast checks its root.
+    std::vector<char> b(4);
+    Status s = plane.Broadcast(0, nullptr, b.data(), 4, 3, &done);
+    CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "root 3"));
+    CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 2, &done).ok());
+    CHECK(api.Logged("Broadcast 4 root 2"));
+  }
+}
+
+void TestPolling() {
+  FakeBroadcast bc;
+  FakeApi api;
+  auto abort = std::make_shared<NcclAbortFlag>();
+  NcclCommunicators comms(&api, abort);
+  NcclDataPlane plane(&comms, 0, 0, 2, bc.fn());
+  std::vector<char> b = Floats({1});
+  GpuCompletion done;
+  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  api.event_states = {EventState::kPending, EventState::kPending};
+  CHECK(plane.Poll(&done).in_progress());
+  CHECK(plane.Poll(&done).in_progress());
+  CHECK(plane.Poll(&done).ok() && !done.pending());
+  CHECK(plane.Poll(&done).ok());  // nothing pending
+  // Completion events are reused.
+  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  CHECK(plane.Poll(&done).ok());
+  CHECK(api.events_created == 1);
+  {  // Two in flight need two events; a moved completion stays valid.
+    GpuCompletion x, y;
+    CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &x).ok());
+    CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &y).ok());
+    GpuCompletion z(std::move(x));
+    CHECK(!x.pending() && z.pending());
+    CHECK(api.events_created == 2);
+  }
+  // A CUDA error while waiting.
+  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  api.event_states = {EventState::kError};
+  Status s = plane.Poll(&done);
+  CHECK(s.code() == StatusCode::UNKNOWN && Contains(s.message(), "cuda error text 700"));
+  // An async NCCL error while the collective runs aborts the communicator.
+  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  api.event_states = {EventState::kPending};
+  api.async_results = {NcclResult::kSystemError};
+  s = plane.Poll(&done);
+  CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "ncclSystemError"));
+  CHECK(api.Count("CommAbort") == 1 && comms.size() == 0 && !done.pending());
+  // The abort flag ends a pending wait, even when the event looks done.
+  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  abort->Request("rank 1 is gone");
+  s = plane.Poll(&done);
+  CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank 1 is gone"));
+  CHECK(comms.size() == 0);
+  // ...and no new communicator is formed afterwards.
+  s = plane.Broadcast(0, nullptr, b.data(), 4, 0, &done);
+  CHECK(s.code() == StatusCode::ABORTED);
+}
+
+}  // namespace
+
+int main() {
+  TestResultMapping();
+  TestKeying();
+  TestIdExchange();
+  TestNonBlockingInit();
+  TestAllreduce();
+  TestFusedAllreduce();
+  TestRaggedCollectives();
+  TestPolling();
+  std::printf("%d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
