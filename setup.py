@@ -6,6 +6,7 @@ built for is recorded in tfring/_build_info.py. At import time tfring compares
 that version with the running TF and explains how to rebuild on a mismatch.
 """
 import glob
+import importlib.util
 import os
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
@@ -63,13 +64,23 @@ class ParallelBuildExt(build_ext):
         super().build_extensions()
 
 
-def _write_build_info(tf_version, compile_flags):
+def _cuda_options(compile_flags):
+    """The GPU build's additions (tfring/build/cuda.py), or None for a CPU
+    library. Loaded by path: the tfring package is not importable yet."""
+    spec = importlib.util.spec_from_file_location(
+        "_tfring_build_cuda", os.path.join(HERE, "tfring", "build", "cuda.py"))
+    cuda = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cuda)
+    return cuda.cuda_build_options(compile_flags, root=HERE)
+
+
+def _write_build_info(tf_version, compile_flags, nccl_built=False):
     with open(os.path.join(HERE, "tfring", "_build_info.py"), "w") as f:
         f.write('"""Written by setup.py: what the op library was built against."""\n')
         f.write(f"TF_VERSION = {tf_version!r}\n")
         f.write(f"TF_COMPILE_FLAGS = {compile_flags!r}\n")
         f.write("MPI_BUILT = True\n")
-        f.write("NCCL_BUILT = False\n")
+        f.write(f"NCCL_BUILT = {nccl_built!r}\n")
 
 
 def _extension():
@@ -77,13 +88,15 @@ def _extension():
     import pybind11
 
     mpi = _mpi_prefix()
-    _write_build_info(tf_version, compile_flags)
+    gpu = _cuda_options(compile_flags) or {}
+    _write_build_info(tf_version, compile_flags, nccl_built=bool(gpu))
     return Extension(
         "tfring._tfring_ops",
         sources=_sources(),
-        include_dirs=[pybind11.get_include(), os.path.join(mpi, "include")],
-        library_dirs=[os.path.join(mpi, "lib")],
+        include_dirs=[pybind11.get_include(), os.path.join(mpi, "include")] + gpu.get("include_dirs", []),
+        library_dirs=[os.path.join(mpi, "lib")] + gpu.get("library_dirs", []),
         libraries=["mpi"],
+        define_macros=gpu.get("define_macros", []),
         language="c++",
         # -fvect-cost-model=cheap: at -O2, GCC 12 only vectorises loops that
         # need no scalar tail; the element-wise reductions need one.
@@ -95,7 +108,7 @@ def _extension():
         extra_link_args=link_flags + [
             "-Wl,-rpath,$ORIGIN/../../..",
             "-Wl,-rpath," + os.path.join(mpi, "lib"),
-        ],
+        ] + gpu.get("extra_link_args", []),
     )
 
 

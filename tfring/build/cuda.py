@@ -138,6 +138,22 @@ def find_nvcc():
     return shutil.which("nvcc")
 
 
+def nvcc_major(nvcc):
+    """The CUDA major version of an nvcc (13 for 'release 13.0'), or None."""
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except OSError:
+        return None
+    m = re.search(r"release (\d+)\.", out)
+    return int(m.group(1)) if m else None
+
+
+def _cudart_major(soname):
+    m = re.search(r"\.so\.(\d+)", soname)
+    return int(m.group(1)) if m else None
+
+
 def tf_built_with_cuda():
     """True when the installed TensorFlow is a CUDA build."""
     try:
@@ -217,6 +233,14 @@ def cuda_build_options(tf_compile_flags=(), root=None, build_dir=None, log=print
     nccl, runtime, nvcc = find_nccl(), find_cuda_runtime(), find_nvcc()
     tf_cuda = True if required else tf_built_with_cuda()
     missing = _missing(nccl, runtime, nvcc, tf_cuda)
+    if not missing:
+        # Objects from one nvcc and a CUDA runtime of another major version
+        # do not link (or fail when loaded).
+        compiler, rt = nvcc_major(nvcc), _cudart_major(runtime[2])
+        if compiler != rt:
+            missing.append(f"nvcc ({nvcc}) is CUDA {compiler} while the CUDA runtime found is "
+                           f"{runtime[2]} in {runtime[1]}: use an nvcc of CUDA {rt} "
+                           "(TFRING_NVCC=/path/to/nvcc) or that runtime's wheels")
     if missing:
         if required:
             raise CudaBuildError("TFRING_WITH_NCCL=1, but " + "; ".join(missing) + ".")
@@ -233,7 +257,8 @@ def cuda_build_options(tf_compile_flags=(), root=None, build_dir=None, log=print
     objects = []
     for src in GPU_CUDA_SOURCES:
         obj = os.path.join(build_dir, os.path.basename(src) + ".o")
-        cmd = nvcc_command(nvcc, os.path.join(root, src), obj, includes, tf_compile_flags)
+        # nvcc brings its own CUDA headers; the .cu file needs no others.
+        cmd = nvcc_command(nvcc, os.path.join(root, src), obj, [], tf_compile_flags)
         log("tfring: " + " ".join(cmd))
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:

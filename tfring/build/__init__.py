@@ -1,0 +1,1 @@
+"""Build-time helpers of tfring (no TensorFlow import at import time)."""
