@@ -137,6 +137,12 @@ void NcclCommunicators::AbortAll() {
   for (auto& kv : comms) api_->CommAbort(kv.second.comm);
 }
 
+NcclComm NcclCommunicators::Find(int32_t set_id, int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = comms_.find(std::make_pair(set_id, device));
+  return it == comms_.end() ? nullptr : it->second.comm;
+}
+
 void NcclCommunicators::Remove(int32_t set_id) {
   std::vector<NcclComm> gone;
   {
@@ -412,7 +418,13 @@ Status NcclDataPlane::Poll(GpuCompletion* done) {
   }
   // Still running (or aborting): a failed peer shows up as the
   // communicator's async error, and the abort flag ends the wait.
-  Status s = comms_->CheckAsync(done->comm_, "NCCL " + done->what_);
+  Status s = Status::InProgress();
+  if (done->comm_ != nullptr) {
+    s = comms_->CheckAsync(done->comm_, "NCCL " + done->what_);
+  } else if (comms_->abort_flag()->requested()) {
+    comms_->AbortAll();
+    s = Status::Aborted("tfring: NCCL communication aborted: " + comms_->abort_flag()->reason());
+  }
   if (!s.ok() && !s.in_progress()) {
     done->Reset();
     return s;
@@ -456,14 +468,43 @@ Status NcclDataPlane::ScaleOnGpu(void* dst, const void* src, int64_t count, Data
 }
 
 Status NcclDataPlane::FinishOnGpu(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                  double postscale, GpuStream stream) {
+                                  double postscale, int ranks, GpuStream stream) {
   const bool average = op == ReduceOp::AVERAGE;
   if (!average || IsFloatingPoint(dtype)) {
-    return ScaleOnGpu(buf, buf, count, dtype, postscale * (average ? 1.0 / size_ : 1.0), stream);
+    return ScaleOnGpu(buf, buf, count, dtype, postscale * (average ? 1.0 / ranks : 1.0), stream);
   }
   TFRING_RETURN_IF_ERROR(ScaleOnGpu(buf, buf, count, dtype, postscale, stream));
-  if (size_ == 1) return Status::OK();
-  return Cuda(api_->DivideIntegers(buf, count, dtype, size_, stream), "integer division kernel");
+  if (ranks == 1) return Status::OK();
+  return Cuda(api_->DivideIntegers(buf, count, dtype, ranks, stream), "integer division kernel");
+}
+
+Status NcclDataPlane::DeviceFusionBuffer(int device, int64_t bytes, void** data) {
+  TFRING_RETURN_IF_ERROR(Cuda(api_->SetDevice(device), "cudaSetDevice"));
+  return FusionBuffer(device, bytes, data);
+}
+
+Status NcclDataPlane::Copy(GpuStream stream, void* dst, const void* src, int64_t bytes) {
+  if (bytes == 0 || dst == src) return Status::OK();
+  return Cuda(api_->MemcpyAsync(dst, src, bytes, stream), "cudaMemcpyAsync");
+}
+
+Status NcclDataPlane::Zero(GpuStream stream, void* dst, int64_t bytes) {
+  if (bytes == 0) return Status::OK();
+  return Cuda(api_->MemsetAsync(dst, 0, bytes, stream), "cudaMemsetAsync");
+}
+
+Status NcclDataPlane::Scale(GpuStream stream, void* buf, int64_t count, DataType dtype,
+                            double factor) {
+  return ScaleOnGpu(buf, buf, count, dtype, factor, stream);
+}
+
+Status NcclDataPlane::FinishReduction(GpuStream stream, void* buf, int64_t count, DataType dtype,
+                                      ReduceOp op, double postscale, int ranks) {
+  return FinishOnGpu(buf, count, dtype, op, postscale, ranks, stream);
+}
+
+Status NcclDataPlane::Fence(int device, GpuStream stream, GpuCompletion* done) {
+  return Finish(comms_->Find(set_id_, device), stream, "collective", done);
 }
 
 Status NcclDataPlane::CheckReduction(DataType dtype, ReduceOp op, const char* collective) const {
@@ -510,7 +551,7 @@ Status NcclDataPlane::Allreduce(int device, GpuStream stream, const void* send, 
     TFRING_RETURN_IF_ERROR(
         Check(api_->AllReduce(send, recv, count, dtype, NcclOp(op), comm, stream), comm,
               "ncclAllReduce"));
-    TFRING_RETURN_IF_ERROR(FinishOnGpu(recv, count, dtype, op, postscale, stream));
+    TFRING_RETURN_IF_ERROR(FinishOnGpu(recv, count, dtype, op, postscale, size_, stream));
   }
   return Finish(comm, stream, "allreduce", done);
 }
@@ -551,7 +592,7 @@ Status NcclDataPlane::FusedAllreduce(int device, GpuStream stream,
     TFRING_RETURN_IF_ERROR(ScaleOnGpu(b, b, count, dtype, prescale, stream));
     TFRING_RETURN_IF_ERROR(Check(
         api_->AllReduce(b, b, count, dtype, NcclOp(op), comm, stream), comm, "ncclAllReduce"));
-    TFRING_RETURN_IF_ERROR(FinishOnGpu(b, count, dtype, op, postscale, stream));
+    TFRING_RETURN_IF_ERROR(FinishOnGpu(b, count, dtype, op, postscale, size_, stream));
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (bytes[i] == 0 || tensors[i].output == nullptr) continue;
       TFRING_RETURN_IF_ERROR(
@@ -705,7 +746,7 @@ Status NcclDataPlane::Reducescatter(int device, GpuStream stream, const void* se
       TFRING_RETURN_IF_ERROR(s);
       TFRING_RETURN_IF_ERROR(end);
     }
-    TFRING_RETURN_IF_ERROR(FinishOnGpu(recv, recv_counts[rank_], dtype, op, postscale, stream));
+    TFRING_RETURN_IF_ERROR(FinishOnGpu(recv, recv_counts[rank_], dtype, op, postscale, size_, stream));
   }
   return Finish(comm, stream, "reducescatter", done);
 }

@@ -81,6 +81,8 @@ class NcclCommunicators {
   // collective over the set's ranks (each calls Get with the same set id).
   Status Get(int32_t set_id, int device, int rank, int size, const BroadcastBytesFn& broadcast,
              NcclComm* comm);
+  // The cached communicator, or null (forms none).
+  NcclComm Find(int32_t set_id, int device) const;
   // Destroys the communicators of a removed process set (set ids are reused).
   void Remove(int32_t set_id);
   // Aborts every communicator (pending NCCL work ends) and forgets them.
@@ -205,6 +207,23 @@ class NcclDataPlane {
   // runs, or its error. Never blocks.
   Status Poll(GpuCompletion* done);
 
+  // --- The executor's primitives (executor.h of the device-aware core): the
+  // pack, scale and unpack steps on `stream`, for a GPU executor to forward
+  // to, so that they share this plane's fusion buffer, kernels and errors.
+  // The device's fusion buffer, at least `bytes` long (grows, never shrinks).
+  Status DeviceFusionBuffer(int device, int64_t bytes, void** data);
+  Status Copy(GpuStream stream, void* dst, const void* src, int64_t bytes);
+  Status Zero(GpuStream stream, void* dst, int64_t bytes);
+  // buf[i] *= factor (nothing when factor is 1).
+  Status Scale(GpuStream stream, void* buf, int64_t count, DataType dtype, double factor);
+  // Postscale and, for AVERAGE, division by `ranks` (FinishReduction's semantics).
+  Status FinishReduction(GpuStream stream, void* buf, int64_t count, DataType dtype, ReduceOp op,
+                         double postscale, int ranks);
+  // A completion for everything queued on `stream` so far (the executor's
+  // Fence): polled with Poll(), which also watches the set's communicator
+  // on `device` (if formed) and the abort flag. Forms no communicator.
+  Status Fence(int device, GpuStream stream, GpuCompletion* done);
+
   // The device fusion buffer's capacity in bytes (0 before first use).
   int64_t fusion_capacity(int device) const;
   // How many NCCL calls returned ncclInProgress and had to be waited for.
@@ -223,7 +242,7 @@ class NcclDataPlane {
   Status ScaleOnGpu(void* dst, const void* src, int64_t count, DataType dtype, double factor,
                     GpuStream stream);
   Status FinishOnGpu(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
-                     GpuStream stream);
+                     int ranks, GpuStream stream);
   Status CheckReduction(DataType dtype, ReduceOp op, const char* collective) const;
 
   NcclCommunicators* comms_;

@@ -712,6 +712,55 @@ void TestPolling() {
   CHECK(s.code() == StatusCode::ABORTED);
 }
 
+// The primitives a GPU executor forwards to, and its fence.
+void TestExecutorPrimitives() {
+  FakeBroadcast bc;
+  FakeApi api;
+  auto abort = std::make_shared<NcclAbortFlag>();
+  NcclCommunicators comms(&api, abort);
+  NcclDataPlane plane(&comms, 4, 0, 2, bc.fn());
+  void* fb = nullptr;
+  CHECK(plane.DeviceFusionBuffer(1, 100, &fb).ok() && fb != nullptr);
+  CHECK(api.current_device == 1 && plane.fusion_capacity(1) >= 100);
+  std::vector<char> a = Floats({1, 2, 3}), b(12);
+  CHECK(plane.Copy(nullptr, b.data(), a.data(), 12).ok() && b == a);
+  CHECK(plane.Scale(nullptr, b.data(), 3, DataType::FLOAT32, 4.0).ok());
+  CHECK(b == Floats({4, 8, 12}));
+  // Average over 4 ranks with postscale 2: x * 2 / 4.
+  CHECK(plane.FinishReduction(nullptr, b.data(), 3, DataType::FLOAT32, ReduceOp::AVERAGE, 2.0, 4)
+            .ok());
+  CHECK(b == Floats({2, 4, 6}));
+  std::vector<char> i = Ints({9, -9, 4});
+  CHECK(plane.FinishReduction(nullptr, i.data(), 3, DataType::INT32, ReduceOp::AVERAGE, 1.0, 4)
+            .ok());
+  CHECK(i == Ints({2, -2, 1}) && api.Logged("Divide 4"));
+  CHECK(plane.Zero(nullptr, b.data(), 12).ok() && b == Floats({0, 0, 0}));
+  Status s = plane.Scale(nullptr, b.data(), 3, DataType::BOOL, 2.0);
+  CHECK(s.code() == StatusCode::INVALID_ARGUMENT);
+  // A fence forms no communicator; it watches one once formed.
+  GpuCompletion fence;
+  CHECK(plane.Fence(0, nullptr, &fence).ok() && fence.pending());
+  CHECK(api.Count("CommInitRank") == 0);
+  api.event_states = {EventState::kPending};
+  CHECK(plane.Poll(&fence).in_progress());
+  CHECK(plane.Poll(&fence).ok());
+  std::vector<char> x = Floats({1});
+  GpuCompletion done;
+  CHECK(plane.Allreduce(0, nullptr, x.data(), x.data(), 1, DataType::FLOAT32, ReduceOp::SUM, 1.0,
+                        1.0, &done).ok());
+  CHECK(plane.Fence(0, nullptr, &fence).ok());
+  api.event_states = {EventState::kPending};
+  api.async_results = {NcclResult::kRemoteError};
+  s = plane.Poll(&fence);
+  CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "ncclRemoteError"));
+  // The abort flag ends a fence's wait too, communicator or not.
+  CHECK(plane.Fence(2, nullptr, &fence).ok());
+  api.event_states = {EventState::kPending};
+  abort->Request("shutting down");
+  s = plane.Poll(&fence);
+  CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "shutting down"));
+}
+
 }  // namespace
 
 int main() {
@@ -723,6 +772,7 @@ int main() {
   TestFusedAllreduce();
   TestRaggedCollectives();
   TestPolling();
+  TestExecutorPrimitives();
   std::printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

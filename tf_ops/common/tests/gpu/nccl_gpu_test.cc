@@ -292,6 +292,39 @@ void TestAsynchronousCompletion(NcclDataPlane& plane, cudaStream_t stream) {
   CHECK(polls > 1);
 }
 
+// The executor's primitives on the GPU (pack, scale, unpack as a GPU
+// executor would run them around a plane call) and its fence.
+void TestExecutorPrimitives(NcclDataPlane& plane, cudaStream_t stream) {
+  for (DataType dtype : kDtypes) {
+    Gpu gpu;
+    const int64_t n = 513;
+    const std::vector<char> a = HostValues(dtype, n, 1), b = HostValues(dtype, n, 2);
+    const int64_t bytes = static_cast<int64_t>(a.size());
+    void* da = gpu.Upload(a);
+    void* db = gpu.Upload(b);
+    void* fb = nullptr;
+    CHECK_OK(plane.DeviceFusionBuffer(0, 2 * bytes + 8, &fb));
+    char* f = static_cast<char*>(fb);
+    CHECK_OK(plane.Copy(stream, f, da, bytes));
+    CHECK_OK(plane.Zero(stream, f + bytes, 8));
+    CHECK_OK(plane.Copy(stream, f + bytes + 8, db, bytes));
+    CHECK_OK(plane.Scale(stream, f, 2 * n + 8 / DataTypeSize(dtype), dtype, 1.5));
+    CHECK_OK(plane.FinishReduction(stream, f, 2 * n + 8 / DataTypeSize(dtype), dtype,
+                                   ReduceOp::AVERAGE, 0.5, 3));
+    void* out = gpu.Alloc(bytes);
+    CHECK_OK(plane.Copy(stream, out, f + bytes + 8, bytes));
+    GpuCompletion fence;
+    CHECK_OK(plane.Fence(0, stream, &fence));
+    CHECK_OK(Wait(plane, &fence));
+    std::vector<char> want = b;
+    ScaleBuffer(want.data(), n, dtype, 1.5);
+    FinishReduction(want.data(), n, dtype, ReduceOp::AVERAGE, 0.5, 3);
+    CHECK(SameValues(gpu.Download(out, bytes), want, dtype, n, "executor primitives"));
+    const std::vector<char> zeros = gpu.Download(f + bytes, 8);
+    CHECK(zeros == std::vector<char>(8, 0));
+  }
+}
+
 // A real NCCL error (a root that is not a rank) comes back as a typed Status
 // with NCCL's own text.
 void TestRealNcclError(NcclApi* api, cudaStream_t stream) {
@@ -416,6 +449,8 @@ int main() {
     std::printf("allgather/broadcast/alltoall/reducescatter: %d checks, %d failed\n", g_checks,
                 g_failures);
     TestAsynchronousCompletion(plane, stream);
+    TestExecutorPrimitives(plane, stream);
+    std::printf("executor primitives: %d checks, %d failed\n", g_checks, g_failures);
     CHECK(comms.size() == 1);  // one communicator for (set 0, GPU 0), reused
   }
   // On its own thread: NCCL keeps group state per thread.
