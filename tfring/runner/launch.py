@@ -29,7 +29,7 @@ import tempfile
 
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import mpiexec as mpiexec_mod
-from tfring.runner import rank_env, rank_wrapper, shm_cleanup
+from tfring.runner import rank_env, rank_wrapper
 from tfring.runner.supervisor import Supervisor
 
 _DESCRIPTION = "Run a tfring (Horovod-compatible) training job on one or more hosts."
@@ -45,9 +45,12 @@ passed to it untouched. Use --mpi-args="..." for extra mpiexec arguments.
 
 Each output line is prefixed with [RANK]<stdout>: or [RANK]<stderr>: unless
 --no-prefix-output is given. When a rank exits non-zero or is killed, the
-other ranks are stopped (SIGTERM, then SIGKILL after a few seconds) and
-tfringrun exits with that rank's code (128+N for signal N). Exit code 124
-means --timeout expired; 130/143 mean tfringrun was interrupted.
+other ranks are stopped (SIGTERM, then SIGKILL after a few seconds, to
+every process of the rank's process group, so a rank command that is a
+script takes its children with it) and tfringrun exits with that rank's
+code (128+N for signal N). Exit code 124 means --timeout expired; 130/143
+mean tfringrun was interrupted. Once the job is being stopped, tfringrun
+reports how each rank ended.
 
 Already under an MPI launcher (PMI_RANK, OMPI_COMM_WORLD_RANK or PMIX_RANK
 set) and without -np/-H/--hostfile, tfringrun runs the command in place
@@ -307,12 +310,13 @@ def _launch(args, hosts, num_proc, command, extra_env, mpiexec):
             for name, value in env.items():
                 print(f"tfringrun: export {name}={value}", file=sys.stderr)
             print(f"tfringrun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        shm_before = shm_cleanup.snapshot()
         code = supervisor.run(cmd)
-        removed = shm_cleanup.remove_leftovers(shm_before)
-        if removed and args.verbose:
-            print(f"tfringrun: removed {len(removed)} shared-memory files the job left",
-                  file=sys.stderr)
+        if supervisor.shm_removed and args.verbose:
+            print(f"tfringrun: removed {len(supervisor.shm_removed)} shared-memory files "
+                  "the job left", file=sys.stderr)
+        if supervisor.shm_left:
+            print(f"tfringrun: left {', '.join(supervisor.shm_left)}: another process "
+                  "still maps it", file=sys.stderr)
         return code
 
 

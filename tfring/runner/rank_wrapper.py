@@ -2,10 +2,12 @@
 
 tfringrun starts every rank as::
 
-    python .../tfring/runner/rank_wrapper.py --launcher HOST:PORT --token T \\
+    python .../tfring/runner/rank_wrapper.py --launcher HOST:PORT \\
         [--prefix] [--output-dir DIR] [--grace S] -- command args...
 
-under ``mpiexec``. The wrapper is needed because hydra (MPICH's mpiexec)
+under ``mpiexec``, with the job's token in ``TFRING_LAUNCHER_TOKEN`` (in the
+environment, not in argv, where every user's ``ps`` would show it; the
+wrapper removes it before starting the command). The wrapper is needed because hydra (MPICH's mpiexec)
 neither tells its caller which rank failed nor ends the job when a rank that
 never called MPI_Init exits non-zero: the other ranks run on. The wrapper
 
@@ -13,18 +15,25 @@ never called MPI_Init exits non-zero: the other ranks run on. The wrapper
   the rank started, and its pid and host),
 * runs the command as a child in the wrapper's own process group (hydra
   setsid()s each rank, so whatever it sends to that group reaches the
-  command too), with hydra's PMI file descriptors inherited so MPI_Init
-  works in the child, and with a parent-death signal so that even a
-  SIGKILLed wrapper takes its command with it,
+  command and everything the command started), with hydra's PMI file
+  descriptors inherited so MPI_Init works in the child, and with a
+  parent-death signal so that even a SIGKILLed wrapper takes its command
+  with it,
 * passes the child's output on in whole lines, so that ranks' lines never
   cut into each other, optionally prefixed with ``[rank]<stdout>:`` (Horovod's
   format), and copies it raw to ``DIR/rank.N/stdout`` and ``stderr``,
 * forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to the child,
-* ends the child (SIGTERM, then SIGKILL after ``--grace`` seconds) when
-  tfringrun sends ``stop`` or when the connection drops, which is how a
-  killed tfringrun still leaves no stray ranks behind,
+* ends the rank (SIGTERM to every process of its group, then SIGKILL to
+  those left after ``--grace`` seconds) when tfringrun sends ``stop`` or
+  when the connection drops, which is how a killed tfringrun still leaves
+  no stray ranks behind. The whole group, not just the child: a rank
+  command that is a script (``bash -c "python train.py"``) would otherwise
+  leave its python running after the shell died. When the child ends by
+  itself, whatever it left running in the group is ended the same way,
 * sends ``exit RANK CODE`` (CODE < 0 means killed by signal -CODE) and exits
-  with the child's code (128+N for signal N).
+  with the child's code (128+N for signal N). A wrapper whose child failed,
+  or that was told to stop, first waits for ``release``: see
+  :meth:`RankWrapper.run` for why.
 
 This file is run by path and imports only the standard library, so the ranks
 start fast and do not depend on how ``tfring`` is installed on each host. The
@@ -45,6 +54,9 @@ import time
 HELLO = "hello"   # wrapper -> launcher: hello TOKEN RANK PID HOST
 EXIT = "exit"     # wrapper -> launcher: exit RANK CODE   (CODE < 0: killed by signal -CODE)
 STOP = "stop"     # launcher -> wrapper: end the command now
+RELEASE = "release"  # launcher -> wrapper: every rank has reported its end; exit now
+# How tfringrun hands the job token to the wrappers.
+TOKEN_ENV = "TFRING_LAUNCHER_TOKEN"
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
@@ -67,15 +79,11 @@ def rank_from_env(env=os.environ):
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="rank_wrapper", allow_abbrev=False)
     parser.add_argument("--launcher", help="HOST:PORT of tfringrun's status listener")
-    parser.add_argument("--token", default="", help="job token to present in hello")
     parser.add_argument("--prefix", action="store_true", help="prefix output lines with the rank")
     parser.add_argument("--output-dir", help="also write output to DIR/rank.N/{stdout,stderr}")
     parser.add_argument("--grace", type=float, default=3.0,
                         help="seconds between SIGTERM and SIGKILL when stopping")
     parser.add_argument("--connect-timeout", type=float, default=30.0)
-    parser.add_argument("--linger", type=float, default=0.0,
-                        help="after the command fails, stay up this long (or until tfringrun "
-                             "says stop) before exiting")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -170,16 +178,54 @@ def _die_with_parent():
         os._exit(1)
 
 
+def _lead_own_group():
+    """Makes the wrapper the leader of its own process group; returns the group id.
+
+    Under hydra it already is (hydra setsid()s each rank). Run any other way,
+    it would share its caller's group, and ending "the rank's group" would
+    end the caller too.
+    """
+    if os.getpgid(0) != os.getpid():
+        os.setpgid(0, 0)
+    return os.getpid()
+
+
+def _group_members(pgid):
+    """Live processes of process group `pgid` other than this one, from /proc;
+    None where there is no /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    me, members = os.getpid(), []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                # The command name is in parentheses and may contain spaces.
+                state, _ppid, pgrp = f.read().rpartition(b")")[2].split()[:3]
+        except (OSError, ValueError):
+            continue
+        # A zombie has already ended; only its parent can make it go away.
+        if int(pgrp) == pgid and state not in (b"Z", b"X"):
+            members.append(int(entry))
+    return members
+
+
 class RankWrapper:
-    def __init__(self, args, rank):
-        self.args, self.rank = args, rank
+    def __init__(self, args, rank, token=""):
+        self.args, self.rank, self.token = args, rank, token
+        self.pgid = None
         self.child = None
         self.sock = None
         # Re-entrant: the signal handler runs on the main thread, possibly while
         # that thread already holds the lock in start_child().
         self.lock = threading.RLock()
         self.stop_requested = False
+        self.kill_at = None  # when a stop turns from SIGTERM to SIGKILL
         self.stop_received = threading.Event()
+        self.released = threading.Event()
         self.pending_signals = []
 
     # -- launcher connection -------------------------------------------------
@@ -206,14 +252,21 @@ class RankWrapper:
             pass
 
     def listen(self):
-        """Waits for ``stop`` from tfringrun, or for the connection to drop."""
+        """Handles ``stop`` and ``release`` from tfringrun until either
+        ``release`` comes or the connection drops."""
         try:
             for line in self.sock.makefile("rb"):
-                if line.strip().decode(errors="replace") == STOP:
+                word = line.strip().decode(errors="replace")
+                if word == STOP:
+                    self.stop_received.set()
+                    self.request_stop()
+                elif word == RELEASE:
                     break
         except (OSError, ValueError):
             pass
+        # Released, or tfringrun is gone (then nobody else will stop the rank).
         self.stop_received.set()
+        self.released.set()
         self.request_stop()
 
     # -- child control ---------------------------------------------------------
@@ -230,16 +283,57 @@ class RankWrapper:
         except OSError:
             pass
 
-    def request_stop(self):
-        """SIGTERM the child now and SIGKILL it after the grace period."""
+    def _signal_group(self, signum):
+        """Sends `signum` to every process of the rank's group but the wrapper;
+        returns whether any was left to signal."""
+        members = None if self.pgid is None else _group_members(self.pgid)
+        if members is None:  # no /proc: the child is all we know of
+            if self.child is None or self.child.poll() is not None:
+                return False
+            self._signal_child(signum)
+            return True
+        for pid in members:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+        return bool(members)
+
+    def _begin_stop(self):
+        """SIGTERMs the group, once; the SIGKILL follows at self.kill_at."""
         with self.lock:
-            if self.stop_requested or self.child is None or self.child.poll() is not None:
-                return
+            if self.stop_requested:
+                return False
             self.stop_requested = True
-            self._signal_child(signal.SIGTERM)
-        timer = threading.Timer(self.args.grace, self._signal_child, (signal.SIGKILL,))
+            self.kill_at = time.monotonic() + self.args.grace
+            self._signal_group(signal.SIGTERM)
+            return True
+
+    def _kill_group(self):
+        """SIGKILLs the group until no process of it is left (or 5 s passed:
+        one stuck in the kernel cannot be helped)."""
+        deadline = time.monotonic() + 5.0
+        while self._signal_group(signal.SIGKILL) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def request_stop(self):
+        """SIGTERM the rank's group now and SIGKILL what is left after the grace period."""
+        with self.lock:
+            if self.child is None or not self._begin_stop():
+                return
+        timer = threading.Timer(self.args.grace, self._kill_group)
         timer.daemon = True
         timer.start()
+
+    def _end_group(self):
+        """After the child ended: ends whatever it left running in the group
+        (a script's own children, say), SIGTERM first, SIGKILL after the grace."""
+        if self.pgid is None or not _group_members(self.pgid):
+            return
+        self._begin_stop()
+        while _group_members(self.pgid) and time.monotonic() < self.kill_at:
+            time.sleep(0.05)
+        self._kill_group()
 
     def start_child(self):
         logs = {}
@@ -265,6 +359,7 @@ class RankWrapper:
         return pumps
 
     def run(self):
+        self.pgid = _lead_own_group()
         for signum in FORWARDED_SIGNALS:
             signal.signal(signum, self.on_signal)
         if self.args.launcher:
@@ -279,22 +374,29 @@ class RankWrapper:
             print(f"tfringrun: rank {self.rank}: cannot run {self.args.command[0]!r}: "
                   f"{e.strerror}", file=sys.stderr, flush=True)
             code = 127 if isinstance(e, FileNotFoundError) else 126
-            self.send(HELLO, self.args.token, self.rank, os.getpid(), socket.gethostname())
+            self.send(HELLO, self.token, self.rank, os.getpid(), socket.gethostname())
             self.send(EXIT, self.rank, code)
             return code
-        self.send(HELLO, self.args.token, self.rank, os.getpid(), socket.gethostname())
+        self.send(HELLO, self.token, self.rank, os.getpid(), socket.gethostname())
         if self.sock is not None:
             threading.Thread(target=self.listen, daemon=True).start()
         code = self.child.wait()
+        # The rank is over only when nothing it started is left.
+        self._end_group()
         for pump in pumps:
-            # A grandchild that inherited the pipe can hold it open forever.
+            # A process outside the group that inherited the pipe can hold it
+            # open forever.
             pump.join(timeout=2.0)
         self.send(EXIT, self.rank, code)
-        if code != 0 and self.sock is not None and self.args.linger > 0:
-            # hydra SIGKILLs every rank as soon as one of its processes exits
-            # abnormally. Staying up a little gives the surviving ranks time to
-            # notice the dead one and report it in their own errors.
-            self.stop_received.wait(self.args.linger)
+        if self.sock is not None and (code != 0 or self.stop_received.is_set()):
+            # hydra SIGKILLs every rank as soon as one process it started
+            # exits without MPI_Finalize, which a failed or stopped rank
+            # usually does. Exiting now would kill the other ranks before
+            # they could end by themselves, report their exit to tfringrun,
+            # or (after a failure) name the dead rank in their own errors.
+            # tfringrun says "release" once every rank has reported, or
+            # stops the job; a dropped connection also releases.
+            self.released.wait()
         if self.sock is not None:
             self.sock.close()
         return code
@@ -315,7 +417,9 @@ def exit_status(code):
 def main(argv=None):
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     rank = rank_from_env()
-    wrapper = RankWrapper(args, "?" if rank is None else rank)
+    # Taken out of the environment so the command does not inherit it.
+    token = os.environ.pop(TOKEN_ENV, "")
+    wrapper = RankWrapper(args, "?" if rank is None else rank, token)
     return exit_status(wrapper.run())
 
 

@@ -18,13 +18,25 @@ job in order) and loops until mpiexec exits:
 * ``--timeout`` expiring, ranks that have not started within
   ``--start-timeout``, and SIGINT/SIGTERM/SIGHUP on tfringrun also stop it.
 
-Stopping sends ``stop`` to every wrapper (each SIGTERMs its command and
-SIGKILLs it after the grace period), SIGTERMs mpiexec if some rank has not
-connected yet, and, if processes remain after the grace period plus a
-margin, SIGKILLs mpiexec and every process under it. A second Ctrl-C skips
-straight to that. If tfringrun itself is killed, the wrappers see their
-connection drop and stop their commands, so no rank outlives the job.
+Stopping sends ``stop`` to every wrapper (each SIGTERMs its rank's process
+group and SIGKILLs what is left after the grace period), SIGTERMs mpiexec
+if some rank has not connected yet, and, if processes remain after the
+grace period plus a margin, SIGKILLs mpiexec and every process under it. A
+second Ctrl-C skips straight to that. If tfringrun itself is killed, the
+wrappers see their connection drop and stop their commands, so no rank
+outlives the job.
+
+A wrapper whose rank failed or was stopped does not exit until it gets
+``release``, sent once no rank is running any more: hydra SIGKILLs every
+rank when one of its processes exits without MPI_Finalize, and an early
+exit would kill the others before they reported how they ended. Once the
+job is stopping, every rank's end is reported (with --verbose, always).
+
+While the job runs, the supervisor notes which MPI shared-memory files its
+ranks on this host have mapped; when the job is over, those that no
+process maps any more are removed (see :mod:`tfring.runner.shm_cleanup`).
 """
+import hmac
 import os
 import secrets
 import selectors
@@ -35,6 +47,7 @@ import sys
 import time
 
 from tfring.runner import rank_wrapper as wire
+from tfring.runner import shm_cleanup
 
 GRACE_SECONDS = 3.0
 # After a rank fails, the others get this long to notice (tfring names the
@@ -43,6 +56,9 @@ FAILURE_GRACE_SECONDS = 5.0
 _KILL_MARGIN = 2.0
 _POLL_SECONDS = 0.1
 _DRAIN_SECONDS = 1.0
+# How often the ranks' mapped shared-memory files are noted while nothing
+# happens; every start of a stop and every rank's end also note them.
+_SHM_SCAN_SECONDS = 2.0
 # Signals that usually mean "stopped because another rank failed", so a rank
 # that ended with an ordinary non-zero code at the same moment is the cause.
 _COLLATERAL = {signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE}
@@ -75,25 +91,34 @@ def describe_exit(code):
     return f"was killed by signal {-code}{name}", 128 - code
 
 
-def _descendants(root):
-    """Pids of every process under ``root``, read from /proc (empty elsewhere)."""
-    children = {}
+def _process_table():
+    """{pid: (ppid, process group)} of every live process, from /proc (empty elsewhere)."""
+    table = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return table
     for entry in entries:
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
+                # The command name is in parentheses and may contain spaces.
+                fields = f.read().rpartition(b")")[2].split()
+            if fields[0] not in (b"Z", b"X"):
+                table[int(entry)] = (int(fields[1]), int(fields[2]))
+        except (OSError, ValueError, IndexError):
             continue
-        # The command name is in parentheses and may contain spaces.
-        ppid = int(stat.rpartition(b")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root]
+    return table
+
+
+def _descendants(roots, table=None):
+    """Pids of every process under any of ``roots``."""
+    table = _process_table() if table is None else table
+    children = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(roots)
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
@@ -113,6 +138,7 @@ class _Connection:
         self.sock = sock
         self.buffer = b""
         self.rank = None
+        self.released = False
 
 
 class Supervisor:
@@ -129,7 +155,7 @@ class Supervisor:
         self.grace = grace
         self.failure_grace = failure_grace
         self.deferred_stop = None  # when a stop delayed by failure_grace happens
-        self.token = secrets.token_hex(8)
+        self.token = secrets.token_hex(16)
         self.listener = socket.create_server((bind_host, 0))
         self.listener.setblocking(False)
         self.address = f"{advertise_host}:{self.listener.getsockname()[1]}"
@@ -143,12 +169,19 @@ class Supervisor:
         self.killed = False
         self.signals = []
         self.hostname = socket.gethostname()
+        self.shm_paths = set()     # MPI shared-memory files the ranks here have mapped
+        self.shm_removed = []      # those removed after the job
+        self.shm_left = []         # those still mapped by some process after the job
+        self.next_shm_scan = 0.0
 
     def wrapper_args(self):
-        """Arguments that point each rank wrapper back at this supervisor."""
-        return ["--launcher", self.address, "--token", self.token,
-                "--grace", str(self.grace), "--connect-timeout", str(self.start_timeout),
-                "--linger", str(self.failure_grace)]
+        """Arguments that point each rank wrapper back at this supervisor.
+
+        The token is not among them: :meth:`run` passes it in the
+        environment, so that ``ps`` does not show it to every user.
+        """
+        return ["--launcher", self.address, "--grace", str(self.grace),
+                "--connect-timeout", str(self.start_timeout)]
 
     # -- reporting ---------------------------------------------------------
     def _say(self, message):
@@ -163,6 +196,32 @@ class Supervisor:
 
     def _not_started(self):
         return [r for r, s in self.ranks.items() if s.pid is None and s.code is None]
+
+    def _report_end(self, rank, code):
+        # Once the job is stopping, a user (who may have pressed Ctrl-C)
+        # sees how every rank ended; before that only with --verbose, as
+        # the first failure gets its own message.
+        if self.verbose or self.outcome is not None:
+            self._say(f"{self._rank_name(rank)} {describe_exit(code)[0]}")
+
+    # -- the job's processes on this host ----------------------------------
+    def _local_processes(self):
+        """Pids of the job's processes on this host: everything under
+        mpiexec, and every member of a running rank's process group (a
+        process the rank's command started stays in it after its parent
+        died)."""
+        groups = {s.pid for s in self.ranks.values()
+                  if s.pid is not None and s.code is None and s.host == self.hostname}
+        table = _process_table()
+        pids = set(_descendants([self.proc.pid], table))
+        pids.update(pid for pid, (_, pgrp) in table.items() if pgrp in groups)
+        return pids
+
+    def _note_shm(self):
+        """Notes the MPI shared-memory files the job's processes here map now."""
+        self.next_shm_scan = time.monotonic() + _SHM_SCAN_SECONDS
+        if self.proc is not None:
+            self.shm_paths |= shm_cleanup.mapped_segments(self._local_processes())
 
     # -- wrapper messages --------------------------------------------------
     def _accept(self):
@@ -193,6 +252,9 @@ class Supervisor:
                 # The wrapper died without reporting: treat as killed.
                 self.ranks[conn.rank].code = -signal.SIGKILL
                 exits.append((conn.rank, -signal.SIGKILL))
+                if self.verbose or self.outcome is not None:
+                    self._say(f"{self._rank_name(conn.rank)} ended without reporting how "
+                              "(its wrapper was killed); counted as killed by SIGKILL")
             return
         conn.buffer += data
         *lines, conn.buffer = conn.buffer.split(b"\n")
@@ -203,7 +265,8 @@ class Supervisor:
         if conn.rank is None:
             # The first message must be a hello with our token: anything else
             # is a stray connection, not one of this job's ranks.
-            if (len(words) != 5 or words[0] != wire.HELLO or words[1] != self.token
+            if (len(words) != 5 or words[0] != wire.HELLO
+                    or not hmac.compare_digest(words[1].encode(), self.token.encode())
                     or not words[2].isdigit() or int(words[2]) not in self.ranks):
                 self._close(conn)
                 return
@@ -221,8 +284,7 @@ class Supervisor:
                 return
             self.ranks[conn.rank].code = code
             exits.append((conn.rank, code))
-            if self.verbose:
-                self._say(f"{self._rank_name(conn.rank)} {describe_exit(code)[0]}")
+            self._report_end(conn.rank, code)
 
     def _poll_wrappers(self, timeout):
         """Handles wrapper traffic; returns [(rank, code)] of ranks that just ended."""
@@ -244,11 +306,23 @@ class Supervisor:
         return failed[0]
 
     # -- stopping ----------------------------------------------------------
-    def _send_stop(self, conn):
+    def _send(self, conn, word):
         try:
-            conn.sock.sendall((wire.STOP + "\n").encode())
+            conn.sock.sendall((word + "\n").encode())
         except OSError:
             pass
+
+    def _send_stop(self, conn):
+        self._send(conn, wire.STOP)
+
+    def _release(self):
+        """Lets waiting wrappers exit, once no rank is running any more."""
+        if self._running():
+            return
+        for conn in self.connections:
+            if conn.rank is not None and not conn.released:
+                conn.released = True
+                self._send(conn, wire.RELEASE)
 
     def _stop(self, code, message, delay=0.0):
         """Records why the job ends (first reason wins) and starts stopping it,
@@ -263,6 +337,7 @@ class Supervisor:
                 self.deferred_stop = time.monotonic() + delay
             return
         self.deferred_stop = None
+        self._note_shm()  # before any rank is told to go
         self.stop_deadline = time.monotonic() + self.grace + _KILL_MARGIN
         for conn in list(self.connections):
             if conn.rank is not None:
@@ -279,7 +354,8 @@ class Supervisor:
         if self._running() or self._not_started():
             self._say(f"ranks {format_ranks(self._running() + self._not_started())} did not "
                       f"stop within {self.grace + _KILL_MARGIN:g} s; killing them")
-        victims = _descendants(self.proc.pid)
+        self._note_shm()
+        victims = _descendants([self.proc.pid])
         for rank in self._running():
             state = self.ranks[rank]
             if state.host == self.hostname:
@@ -323,33 +399,49 @@ class Supervisor:
 
     # -- main loop -----------------------------------------------------------
     def run(self, cmd, env=None):
-        """Runs ``cmd`` (an mpiexec command line) and returns tfringrun's exit code."""
+        """Runs ``cmd`` (an mpiexec command line) and returns tfringrun's exit code.
+
+        ``env`` is mpiexec's environment (default: this process's); the job
+        token is added to it, and hydra passes it on to every rank.
+        """
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        env = dict(os.environ if env is None else env, **{wire.TOKEN_ENV: self.token})
         try:
             self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
             return self._supervise()
         finally:
-            if self.proc is not None and self.proc.poll() is None:
-                self._kill_everything()
-                self.proc.wait()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            for conn in list(self.connections):
-                self._close(conn)
-            self.selector.close()
-            self.listener.close()
+            # Every way out, an exception included, ends the job and cleans
+            # up after it; signals meanwhile are only noted.
+            try:
+                if self.proc is not None and self.proc.poll() is None:
+                    self._kill_everything()
+                    self.proc.wait()
+                if self.proc is not None:
+                    self.shm_removed, self.shm_left = shm_cleanup.remove_leftovers(
+                        self.shm_paths, wait=self.grace + _KILL_MARGIN)
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+                for conn in list(self.connections):
+                    self._close(conn)
+                self.selector.close()
+                self.listener.close()
 
     def _supervise(self):
         started_at = time.monotonic()
         while self.proc.poll() is None:
             self._on_exits(self._poll_wrappers(_POLL_SECONDS))
             self._check_deadlines(started_at)
+            if self._running() and time.monotonic() >= self.next_shm_scan:
+                self._note_shm()
         mpiexec_code = self.proc.returncode
         # A wrapper's last message can still be in flight when mpiexec exits.
         drain_until = time.monotonic() + _DRAIN_SECONDS
         while self.connections and time.monotonic() < drain_until:
             self._on_exits(self._poll_wrappers(_POLL_SECONDS))
+        if self.outcome is not None or self.verbose:
+            self._report_unended()
         if self.outcome is not None:
             return self.outcome[0]
         if mpiexec_code != 0:
@@ -359,7 +451,22 @@ class Supervisor:
             return mpiexec_code if mpiexec_code > 0 else 128 - mpiexec_code
         return 0
 
+    def _report_unended(self):
+        """Names the ranks whose end nobody reported, so that none is missing."""
+        never = self._not_started()
+        if never:
+            self._say(f"ranks {format_ranks(never)} never started")
+        silent = self._running()
+        if silent:
+            self._say(f"ranks {format_ranks(silent)} did not report how they ended")
+
     def _on_exits(self, exits):
+        if exits:
+            # The ranks still running map the job's shared memory now; once
+            # they have all gone, nothing would show which files were its.
+            if self._running():
+                self._note_shm()
+            self._release()
         failure = self._first_failure(exits)
         if failure is None or self.outcome is not None:
             return
