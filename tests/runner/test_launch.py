@@ -5,18 +5,21 @@ over MPICH's hydra with tiny ``python -c`` rank scripts that never import
 TensorFlow, so the whole file takes seconds. Every launch has a timeout, and
 the failure tests check that no rank process survives the job.
 """
+import mmap
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 import types
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tfring.runner import check_build, hosts, launch, mpiexec, rank_env, rank_wrapper
+from tfring.runner import check_build, hosts, launch, mpiexec, rank_env, rank_wrapper, shm_cleanup
 from tfring.runner.supervisor import Supervisor, format_ranks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +79,66 @@ def assert_all_gone(pid_dir, num_proc):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in pids if _alive(p)], "rank processes outlived the job"
+
+
+def processes_with(marker):
+    """Pids of live (non-zombie) processes whose command line contains `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read() and _alive(int(entry)):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def assert_no_process_with(marker, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = processes_with(marker)
+    for pid in left:  # do not leave them running for the next tests
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, f"processes of the job outlived it: {left}"
+
+
+def shell_wrapped(script, *args):
+    """A rank command that runs `script` under a shell, as `tfringrun ... ./train.sh`
+    would: bash stays the rank's process, and python is its child."""
+    return ["bash", "-c", f"{shlex.quote(sys.executable)} -c \"$0\" \"$@\" > /dev/null; exit $?",
+            script, *args]
+
+
+def wait_for_files(directory, names, proc, seconds=LAUNCH_TIMEOUT):
+    deadline = time.monotonic() + seconds
+    while not all((directory / name).exists() for name in names):
+        assert proc.poll() is None, f"tfringrun ended early:\n{proc.communicate()}"
+        assert time.monotonic() < deadline, "the ranks did not get ready"
+        time.sleep(0.05)
+
+
+# A rank's end, alone on its line or as the failure that stops the job.
+_END_LINE = (r"tfringrun: rank {} (exited with code -?\d+|was killed by signal \d+ \(\w+\))"
+             r"(; stopping the job\.|; the job has ended\.)?$")
+
+
+def reported_ends(stderr, num_proc):
+    """{rank: how it ended} from tfringrun's lines about the ranks' ends."""
+    import re
+    ends = {}
+    for rank in range(num_proc):
+        for line in stderr.splitlines():
+            m = re.match(_END_LINE.format(rank), line)
+            if m:
+                ends[rank] = m.group(1)
+    return ends
 
 
 # -- launching ---------------------------------------------------------------
@@ -212,6 +275,232 @@ def test_stopping_tfringrun_ends_every_rank(tmp_path, signum):
         assert proc.returncode == 130
         assert "got SIGINT; stopping the job." in err
     assert_all_gone(tmp_path, 2)
+
+
+# Each rank joins MPI (and so MPICH's shared memory), notes the /dev/shm
+# files it maps, then waits: rank 0 in a collective the others never join,
+# the others in a sleep. MODE "fail": rank 1 exits 3 once every rank is
+# ready. MODE "ignore-term": every rank ignores SIGTERM.
+STOPPABLE_RANK = textwrap.dedent("""
+    import os, signal, sys, time
+    marker, out, mode = sys.argv[1:4]
+    if mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    comm.barrier()
+    with open("/proc/self/maps") as f:
+        shm = {l.split()[5] for l in f if len(l.split()) == 6 and l.split()[5].startswith("/dev/shm/")}
+    with open(os.path.join(out, f"shm.{rank}"), "w") as f:
+        f.write("\\n".join(sorted(shm)))
+    os.rename(os.path.join(out, f"shm.{rank}"), os.path.join(out, f"ready.{rank}"))
+    if mode == "fail" and rank == 1:
+        while not all(os.path.exists(os.path.join(out, f"ready.{r}")) for r in range(size)):
+            time.sleep(0.02)
+        os._exit(3)
+    if rank == 0:
+        comm.barrier()  # stalls: nobody else enters it
+    time.sleep(120)
+""")
+
+# stop path -> (tfringrun options, rank mode, signal the test sends, exit code)
+_STOP_PATHS = {
+    "sigterm": ((), "wait", signal.SIGTERM, 143),
+    "sigint": ((), "wait", signal.SIGINT, 130),
+    "timeout": (("--timeout", "10"), "wait", None, 124),
+    "failed-peer": (("--failure-grace-seconds", "1"), "fail", None, 3),
+    "sigterm-ignored": ((), "ignore-term", signal.SIGTERM, 143),
+}
+
+
+@pytest.mark.parametrize("num_proc", [2, 3])
+@pytest.mark.parametrize("path", list(_STOP_PATHS))
+def test_every_stop_path_ends_shell_wrapped_ranks_and_their_shared_memory(
+        tmp_path, path, num_proc):
+    # Issue 8, items 14 and 10: a rank command that is a script used to
+    # leave its python running (parent 1) when bash was stopped, and the
+    # orphans kept MPICH's /dev/shm file alive past tfringrun's cleanup.
+    options, mode, signum, code = _STOP_PATHS[path]
+    marker = f"tfring-stop-test-{uuid.uuid4().hex}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfring.runner.launch", "-np", str(num_proc), *options,
+         *shell_wrapped(STOPPABLE_RANK, marker, str(tmp_path), mode)],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        wait_for_files(tmp_path, [f"ready.{r}" for r in range(num_proc)], proc)
+        assert len(processes_with(marker)) >= 2 * num_proc  # bash and python per rank
+        if signum is not None:
+            time.sleep(0.3)  # rank 0 is in its collective
+            proc.send_signal(signum)
+        _, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert_no_process_with(marker)
+    assert proc.returncode == code, err
+    # Every rank's end is reported, without --verbose too.
+    assert sorted(reported_ends(err, num_proc)) == list(range(num_proc)), err
+    if path == "failed-peer":
+        assert reported_ends(err, num_proc)[1] == "exited with code 3", err
+    shm = set()
+    for rank in range(num_proc):
+        shm |= set((tmp_path / f"ready.{rank}").read_text().split())
+    shm = {p for p in shm if shm_cleanup.is_mpi_segment(p)}
+    assert shm, "the ranks mapped no MPI shared-memory file; nothing was checked"
+    left = [p for p in shm if os.path.exists(p)]
+    for p in left:
+        os.unlink(p)  # only this job's files
+    assert not left, f"left in /dev/shm: {left}\n{err}"
+
+
+@pytest.mark.parametrize("num_proc", [2, 3])
+def test_ctrl_c_reports_every_rank_end(tmp_path, num_proc):
+    # Issue 8, item 13: rank 0 takes a moment to end after SIGTERM; the
+    # others die at once. hydra SIGKILLs every rank when one exits without
+    # MPI_Finalize, so their wrappers exiting at once killed rank 0 before
+    # it could report, and tfringrun said nothing about it.
+    script = RECORD_PIDS + textwrap.dedent("""
+        import signal
+        from mpi4py import MPI
+        MPI.COMM_WORLD.barrier()
+        def slow_exit(*_):
+            time.sleep(1.0)
+            os._exit(7)
+        if rank == 0:
+            signal.signal(signal.SIGTERM, slow_exit)
+        open(os.path.join(sys.argv[1], f"ready.{rank}"), "w").close()
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfring.runner.launch", "-np", str(num_proc), sys.executable,
+         "-c", script, str(tmp_path)], cwd=REPO, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_files(tmp_path, [f"ready.{r}" for r in range(num_proc)], proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert reported_ends(err, num_proc) == {
+        0: "exited with code 7",
+        **{r: "was killed by signal 15 (SIGTERM)" for r in range(1, num_proc)}}, err
+    assert_all_gone(tmp_path, num_proc)
+
+
+@pytest.mark.parametrize("ignore_term", [False, True])
+def test_rank_wrapper_ends_what_the_command_left_running(ignore_term):
+    # The command ends by itself but leaves a child running in its process
+    # group; the wrapper (run directly here, without hydra, which might
+    # clean up after it) ends it before it exits: SIGTERM, then SIGKILL.
+    marker = f"tfring-leftover-test-{uuid.uuid4().hex}"
+    code = "import signal, time; "
+    if ignore_term:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    code += "open(__import__('sys').argv[2], 'w').close(); time.sleep(60)"
+    ready = f"/tmp/{marker}.ready"
+    command = (f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} {marker} {ready} & "
+               f"while [ ! -e {ready} ]; do sleep 0.05; done; exit 5")
+    try:
+        start = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, rank_wrapper.__file__, "--grace", "1", "--", "bash", "-c", command],
+            env=dict(os.environ, PMI_RANK="0"), capture_output=True, timeout=LAUNCH_TIMEOUT)
+        took = time.monotonic() - start
+        assert proc.returncode == 5, proc.stderr
+        assert not processes_with(marker)
+        assert took >= 1.0 if ignore_term else took < 5
+    finally:
+        assert_no_process_with(marker)
+        if os.path.exists(ready):
+            os.unlink(ready)
+
+
+def test_job_token_is_not_on_any_command_line(tmp_path):
+    # Issue 9: the token was passed as --token, visible in everyone's `ps`.
+    script = RECORD_PIDS + textwrap.dedent(f"""
+        print("token in env:", {rank_wrapper.TOKEN_ENV!r} in os.environ, flush=True)
+        while not os.path.exists(os.path.join(sys.argv[1], "go")):
+            time.sleep(0.02)
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfring.runner.launch", "-np", "2", sys.executable, "-c", script,
+         str(tmp_path)], cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_files(tmp_path, ["pids.0", "pids.1"], proc)
+        tokens = set()
+        for rank in range(2):
+            wrapper = int((tmp_path / f"pids.{rank}").read_text().split()[1])
+            with open(f"/proc/{wrapper}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            tokens.add(env[rank_wrapper.TOKEN_ENV.encode()])
+        (token,) = tokens
+        assert len(token) == 32
+        on_command_lines = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if token in f.read():
+                        on_command_lines.append(entry)
+            except OSError:
+                continue
+        assert not on_command_lines
+        (tmp_path / "go").touch()
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    # The wrapper keeps it from the command.
+    assert rank_lines(out) == {0: ["token in env: False"], 1: ["token in env: False"]}
+
+
+def test_supervisor_ignores_a_hello_with_the_wrong_token():
+    supervisor = Supervisor(1)
+    conn = types.SimpleNamespace(rank=None, sock=None)
+    closed = []
+    supervisor._close = closed.append
+    wrong = "0" * len(supervisor.token)
+    supervisor._handle(conn, ["hello", wrong, "0", "123", "host"], [])
+    assert closed == [conn] and conn.rank is None
+    supervisor._handle(conn, ["hello", supervisor.token, "0", "123", "host"], [])
+    assert conn.rank == 0 and supervisor.ranks[0].pid == 123
+    supervisor.listener.close()
+
+
+def test_shm_cleanup_removes_only_the_jobs_unmapped_files():
+    # Other jobs' files, mapped or not, are never touched.
+    tag = uuid.uuid4().hex
+    ours, ours_mapped, theirs = (f"/dev/shm/mpich_shm_tfringtest_{tag}_{n}"
+                                 for n in ("ours", "mapped", "theirs"))
+    files = []
+    try:
+        for path in (ours, ours_mapped, theirs):
+            with open(path, "wb") as f:
+                f.write(b"\0" * 4096)
+        f = open(ours_mapped, "r+b")
+        files.append(f)
+        mapping = mmap.mmap(f.fileno(), 4096)
+        assert shm_cleanup.mapped_segments([os.getpid()]) >= {ours_mapped}
+        removed, left = shm_cleanup.remove_leftovers({ours, ours_mapped}, wait=0.3)
+        assert removed == [ours] and left == [ours_mapped]
+        assert not os.path.exists(ours)
+        assert os.path.exists(ours_mapped) and os.path.exists(theirs)
+        mapping.close()
+        assert shm_cleanup.remove_leftovers({ours_mapped}) == ([ours_mapped], [])
+    finally:
+        for f in files:
+            f.close()
+        for path in (ours, ours_mapped, theirs):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def test_missing_command_is_reported():
