@@ -2,9 +2,11 @@
 
     tfringrun -np N python tests/common/fault_worker.py SCENARIO DIR [ARGS...]
 
-Every rank first records its pid and its wrapper's pid in DIR/pids.RANK, and
-after init() the /dev/shm files it has mapped in DIR/shm.RANK, so the test
-can check afterwards that none of them outlived the job. Results are printed
+Every rank first records its pid and its parent's (its wrapper's, or a
+shell's when the rank command is a script) in DIR/pids.RANK and the
+parent's name in DIR/parent.RANK, and after init() the /dev/shm files it
+has mapped in DIR/shm.RANK, so the test can check afterwards that none of
+them outlived the job. Results are printed
 as single lines the test parses (RESULT ...).
 """
 import os
@@ -29,6 +31,8 @@ def say(*words):
 
 
 _write(f"pids.{RANK}", f"{os.getpid()} {os.getppid()}")
+with open(f"/proc/{os.getppid()}/comm") as _f:
+    _write(f"parent.{RANK}", _f.read().strip())
 
 import tensorflow as tf  # noqa: E402
 

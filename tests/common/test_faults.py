@@ -60,9 +60,20 @@ JOBS = {
     "shutdown-pending": (2, "shutdown_pending", [], {}),
     "log-debug": (2, "log", [], {"TFRING_LOG_LEVEL": "debug"}),
     "ctrl-c": (2, "loop", [], {}),
+    # Issue 8, item 10: SIGTERM to tfringrun while rank 0 is stalled in a
+    # collective that ranks 1 and 2 have not submitted; in the "-shell"
+    # job every rank runs under bash, as `tfringrun ./train.sh` would.
+    "sigterm-stall-np3": (3, "stall", ["60"], {}),
+    "sigterm-stall-np3-shell": (3, "stall", ["60"], {}),
 }
+# Jobs that the test stops with a signal to tfringrun once every rank has
+# written the file named, and the signal.
+_STOPPED = {"ctrl-c": ("looping", signal.SIGINT),
+            "sigterm-stall-np3": ("shm", signal.SIGTERM),
+            "sigterm-stall-np3-shell": ("shm", signal.SIGTERM)}
 # Longest first, so that the pool finishes sooner.
 _START_ORDER = ["kill-np3-rank2", "kill-np3-rank0", "kill-np3-rank2-no-wait",
+                "sigterm-stall-np3", "sigterm-stall-np3-shell",
                 "stall-shutdown-only", "stall-warning",
                 "stall-disabled", "stall-shutdown", "ctrl-c", "shutdown-pending", "kill-np2",
                 "exit-np2", "raise-np2", "log-debug"]
@@ -147,7 +158,11 @@ def _wait_gone(pids, seconds=5.0):
 
 def _command(name, directory):
     np_, scenario, args, _ = JOBS[name]
-    return np_, [sys.executable, WORKER, scenario, str(directory), *args]
+    cmd = [sys.executable, WORKER, scenario, str(directory), *args]
+    if name.endswith("-shell"):
+        # bash stays the rank's process, with python as its child.
+        cmd = ["bash", "-c", '"$0" "$@"; exit $?', *cmd]
+    return np_, cmd
 
 
 def _env(name):
@@ -156,7 +171,7 @@ def _env(name):
 
 def _run_job(name, directory):
     start = time.monotonic()
-    if name == "ctrl-c":
+    if name in _STOPPED:
         code, output = _run_and_interrupt(name, directory)
     else:
         np_, cmd = _command(name, directory)
@@ -166,8 +181,10 @@ def _run_job(name, directory):
 
 
 def _run_and_interrupt(name, directory):
-    """Starts the job, waits until every rank is looping over collectives,
-    then sends SIGINT to tfringrun as a terminal's Ctrl-C would."""
+    """Starts the job, waits until every rank has written its ready file
+    (looping: it loops over collectives; shm: it has joined MPI's shared
+    memory), then signals tfringrun: SIGINT as a terminal's Ctrl-C would."""
+    ready, signum = _STOPPED[name]
     np_, cmd = _command(name, directory)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **_env(name))
     proc = subprocess.Popen(
@@ -176,13 +193,15 @@ def _run_and_interrupt(name, directory):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT
-        while not all(os.path.exists(os.path.join(directory, f"looping.{r}"))
+        while not all(os.path.exists(os.path.join(directory, f"{ready}.{r}"))
                       for r in range(np_)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         else:
-            proc.send_signal(signal.SIGINT)
+            if ready == "shm":
+                time.sleep(1.0)  # rank 0 is in its collective by now
+            proc.send_signal(signum)
         output, _ = proc.communicate(timeout=JOB_TIMEOUT + 30)
         return proc.returncode, output
     finally:
@@ -295,7 +314,8 @@ def test_survivor_that_exits_at_once_is_not_blamed(jobs, job):
 
 
 @pytest.mark.parametrize("job", ["kill-np2", "exit-np2", "raise-np2", "kill-np3-rank2",
-                                 "kill-np3-rank0", "ctrl-c", "shutdown-pending", "stall-shutdown"])
+                                 "kill-np3-rank0", "ctrl-c", "shutdown-pending", "stall-shutdown",
+                                 "sigterm-stall-np3", "sigterm-stall-np3-shell"])
 def test_no_shared_memory_segment_is_left(jobs, job):
     # MPICH unlinks its segments in MPI_Finalize, which ranks killed by a
     # signal, and survivors of a dead peer, never run: tfringrun removes them.
@@ -404,6 +424,21 @@ def test_ctrl_c_on_tfringrun_ends_every_rank(jobs, job):
     assert job.returncode == 130, job.describe()
     assert "tfringrun: got SIGINT; stopping the job." in job.launcher_lines(), job.describe()
     assert sorted(r for r, _ in job.exit_events()) == list(range(job.np)), job.describe()
+    check_no_process_left(job)
+
+
+@pytest.mark.parametrize("job", ["sigterm-stall-np3", "sigterm-stall-np3-shell"])
+def test_sigterm_on_tfringrun_with_a_rank_stalled_ends_every_rank(jobs, job):
+    job = jobs[job]
+    assert all(os.path.exists(os.path.join(job.dir, f"shm.{r}")) for r in range(job.np)), \
+        f"the ranks never joined MPI\n{job.describe()}"
+    assert job.returncode == 143, job.describe()
+    assert "tfringrun: got SIGTERM; stopping the job." in job.launcher_lines(), job.describe()
+    assert sorted(r for r, _ in job.exit_events()) == list(range(job.np)), job.describe()
+    if job.name.endswith("-shell"):
+        # The ranks really ran under bash: the pids checked below are python's and bash's.
+        parents = {open(os.path.join(job.dir, f"parent.{r}")).read() for r in range(job.np)}
+        assert parents == {"bash"}, job.describe()
     check_no_process_left(job)
 
 
