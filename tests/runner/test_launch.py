@@ -7,6 +7,7 @@ the failure tests check that no rank process survives the job.
 """
 import mmap
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -131,7 +132,6 @@ _END_LINE = (r"tfringrun: rank {} (exited with code -?\d+|was killed by signal \
 
 def reported_ends(stderr, num_proc):
     """{rank: how it ended} from tfringrun's lines about the ranks' ends."""
-    import re
     ends = {}
     for rank in range(num_proc):
         for line in stderr.splitlines():
@@ -291,7 +291,8 @@ STOPPABLE_RANK = textwrap.dedent("""
     rank, size = comm.Get_rank(), comm.Get_size()
     comm.barrier()
     with open("/proc/self/maps") as f:
-        shm = {l.split()[5] for l in f if len(l.split()) == 6 and l.split()[5].startswith("/dev/shm/")}
+        fields = [line.split() for line in f]
+    shm = {x[5] for x in fields if len(x) == 6 and x[5].startswith("/dev/shm/")}
     with open(os.path.join(out, f"shm.{rank}"), "w") as f:
         f.write("\\n".join(sorted(shm)))
     os.rename(os.path.join(out, f"shm.{rank}"), os.path.join(out, f"ready.{rank}"))

@@ -7,9 +7,10 @@ tfringrun starts every rank as::
 
 under ``mpiexec``, with the job's token in ``TFRING_LAUNCHER_TOKEN`` (in the
 environment, not in argv, where every user's ``ps`` would show it; the
-wrapper removes it before starting the command). The wrapper is needed because hydra (MPICH's mpiexec)
-neither tells its caller which rank failed nor ends the job when a rank that
-never called MPI_Init exits non-zero: the other ranks run on. The wrapper
+wrapper removes it before starting the command). The wrapper is needed
+because hydra (MPICH's mpiexec) neither tells its caller which rank failed
+nor ends the job when a rank that never called MPI_Init exits non-zero: the
+other ranks run on. The wrapper
 
 * connects back to tfringrun over TCP and says ``hello`` (so tfringrun knows
   the rank started, and its pid and host),
