@@ -155,6 +155,11 @@ class RendezvousServer:
                 if not self._stopping:
                     LOG.warning("rendezvous: refused connection from %s: %s (%s)",
                                 _peer(peer), e, e.cause)
+                    if isinstance(e, wire.AuthenticationError):
+                        try:
+                            wire.send_all(sock, wire.refusal_frame(), 1.0)
+                        except wire.WireError:
+                            pass
                 return
             while not self._stopping:
                 try:

@@ -258,7 +258,9 @@ def send_all(sock, data, timeout):
 def server_handshake(sock, secret, context, timeout):
     """Runs the server side of the challenge; returns normally only if the
     peer proved it holds `secret` for `context`. Raises WireError otherwise
-    (AuthenticationError for a wrong proof, after telling the peer)."""
+    (AuthenticationError for a wrong proof); the caller logs it, then tells
+    the peer with :func:`refusal_frame`, so that the log line exists before
+    the peer can see the refusal."""
     deadline = time.monotonic() + timeout
     nonce = os.urandom(NONCE_BYTES)
     send_all(sock, frame(CHALLENGE, MAGIC + bytes([VERSION]) + nonce), timeout)
@@ -276,13 +278,14 @@ def server_handshake(sock, secret, context, timeout):
     if not good_mac or peer_context != context:
         reason = ("wrong context " + repr(peer_context.decode("utf-8", "replace"))
                   if good_mac else "wrong HMAC proof (no secret or a different secret)")
-        try:
-            send_all(sock, frame(ERROR, bytes([E_AUTH]) + pack_bytes(b"authentication failed")),
-                     1.0)
-        except WireError:
-            pass
         raise AuthenticationError(reason)
     send_all(sock, frame(AUTH_OK, server_mac(secret, nonce, client_nonce, context)), timeout)
+
+
+def refusal_frame():
+    """What a peer that failed the challenge gets before the connection is
+    closed: no detail about why."""
+    return frame(ERROR, bytes([E_AUTH]) + pack_bytes(b"authentication failed"))
 
 
 def client_handshake(sock, secret, context, timeout):
