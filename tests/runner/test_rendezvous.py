@@ -310,3 +310,17 @@ def test_connections_beyond_the_limit_are_refused(caplog):
         a.close()
         b.close()
         extra.close()
+
+
+def test_a_client_that_leaves_during_a_wait_frees_its_thread(store):
+    server, secret = store
+    s = authenticated_raw(server, secret)
+    s.sendall(wire.frame(wire.GET, wire.pack_bytes(b"s") + wire.pack_bytes(b"never")
+                         + struct.pack(">I", 3600 * 1000)))
+    time.sleep(0.2)
+    assert server.connection_count() == 1
+    s.close()
+    deadline = time.monotonic() + 10
+    while server.connection_count() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.connection_count() == 0

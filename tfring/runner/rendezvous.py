@@ -16,6 +16,7 @@ Example::
     server.stop()
 """
 import logging
+import select
 import selectors
 import socket
 import struct
@@ -53,6 +54,7 @@ class RendezvousServer:
         self._stopping = False
         self._conns = {}            # socket -> thread
         self._conns_lock = threading.Lock()
+        self._local = threading.local()  # .sock: the connection this thread serves
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         family, _, _, _, sockaddr = infos[0]
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -148,6 +150,7 @@ class RendezvousServer:
         thread.start()
 
     def _serve(self, sock, peer):
+        self._local.sock = sock
         try:
             try:
                 wire.server_handshake(sock, self._secret, CONTEXT, self._handshake_timeout)
@@ -179,6 +182,8 @@ class RendezvousServer:
                     LOG.warning("rendezvous: closed connection from %s: %s (%s)",
                                 _peer(peer), e, e.cause)
                     self._reply_error(sock, e)
+                    return
+                except wire.PeerClosedError:
                     return
                 except wire.WireError as e:
                     # A well-formed request that cannot be served (timeout, bad
@@ -265,6 +270,7 @@ class RendezvousServer:
 
     def _wait(self, ready, timeout_ms, what):
         deadline = time.monotonic() + timeout_ms / 1000.0
+        sock = self._local.sock
         with self._cond:
             while True:
                 self._check_running()
@@ -275,7 +281,11 @@ class RendezvousServer:
                 if left <= 0:
                     raise wire.WireTimeoutError(
                         f"timed out after {timeout_ms / 1000.0:g} s waiting for {what()}")
-                self._cond.wait(left)
+                # Wake now and then to notice a client that went away, so a
+                # long wait of a dead client does not hold its thread.
+                self._cond.wait(min(left, _PEER_CHECK_SECONDS))
+                if _peer_gone(sock):
+                    raise wire.PeerClosedError("the client closed the connection while waiting")
 
     def _get(self, scope, key, timeout_ms):
         return self._wait(lambda: self._store.get(scope, {}).get(key), timeout_ms,
@@ -320,6 +330,23 @@ class RendezvousServer:
         return self._wait(ready, timeout_ms,
                           lambda: f"{n} keys with prefix '{prefix}' in scope '{scope}' "
                                   f"(have {len(matching())})")
+
+
+_PEER_CHECK_SECONDS = 1.0
+
+
+def _peer_gone(sock):
+    """True if the client closed its side (EOF or reset) without sending
+    anything more; pipelined bytes are left for the reader."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _peer(peer):
