@@ -249,6 +249,14 @@ def test_half_sent_frames_do_not_hold_the_server(store, caplog):
         assert took < 8
         s.close()
     assert len(refusals(caplog)) == 3
+    # A frame cut short by the peer closing is logged too.
+    cut = authenticated_raw(server, secret)
+    cut.sendall(wire.frame(wire.PING)[:3])
+    cut.close()
+    deadline = time.monotonic() + 5
+    while len(refusals(caplog)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "truncated frame" in refusals(caplog)[-1]
     with client(store) as c:
         c.ping()
 

@@ -58,9 +58,13 @@ class RendezvousServer:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         family, _, _, _, sockaddr = infos[0]
         self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(sockaddr)
-        self._listener.listen(128)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind(sockaddr)
+            self._listener.listen(128)
+        except OSError:
+            self._listener.close()
+            raise
         self._listener.setblocking(False)
         self.address = self._listener.getsockname()[:2]
         self._wake_r, self._wake_w = socket.socketpair()
@@ -168,7 +172,10 @@ class RendezvousServer:
                 try:
                     msg_type, r = wire.read_frame(sock, wire.MAX_FRAME, None,
                                                   self._frame_timeout)
-                except wire.PeerClosedError:
+                except wire.PeerClosedError as e:
+                    if e.mid_frame and not self._stopping:
+                        LOG.warning("rendezvous: closed connection from %s: truncated frame: "
+                                    "%s", _peer(peer), e)
                     return
                 except wire.WireError as e:
                     if not self._stopping:
@@ -178,17 +185,22 @@ class RendezvousServer:
                     return
                 try:
                     reply = self._handle(msg_type, r)
+                except wire.PeerClosedError:
+                    return
                 except wire.ProtocolError as e:
                     LOG.warning("rendezvous: closed connection from %s: %s (%s)",
                                 _peer(peer), e, e.cause)
                     self._reply_error(sock, e)
                     return
-                except wire.PeerClosedError:
-                    return
                 except wire.WireError as e:
                     # A well-formed request that cannot be served (timeout, bad
                     # argument): the client is told, the connection stays.
                     reply = _error_frame(e)
+                except Exception as e:  # noqa: BLE001 - never let a request kill the thread silently
+                    LOG.warning("rendezvous: closed connection from %s: bad request: %r",
+                                _peer(peer), e)
+                    self._reply_error(sock, wire.ProtocolError(f"bad request: {e}"))
+                    return
                 try:
                     wire.send_all(sock, reply, self._frame_timeout)
                 except wire.WireError:
@@ -447,9 +459,15 @@ class RendezvousClient:
         self.close()
 
     def _call(self, msg_type, body, wait=0.0):
-        wire.send_all(self._sock, wire.frame(msg_type, body), self._timeout)
-        deadline = time.monotonic() + wait + self._timeout
-        reply, r = wire.read_frame(self._sock, wire.MAX_FRAME, deadline, self._timeout)
+        try:
+            wire.send_all(self._sock, wire.frame(msg_type, body), self._timeout)
+            deadline = time.monotonic() + wait + self._timeout
+            reply, r = wire.read_frame(self._sock, wire.MAX_FRAME, deadline, self._timeout)
+        except wire.WireError:
+            # A reply that did not arrive whole leaves the stream out of
+            # step: this connection cannot carry another request.
+            self._sock.close()
+            raise
         if reply == wire.ERROR:
             code = r.u8()
             raise wire.ERROR_TYPES.get(code, wire.WireError)(

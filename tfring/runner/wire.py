@@ -79,6 +79,7 @@ class WireTimeoutError(WireError, TimeoutError):
 
 class PeerClosedError(WireError):
     cause = "PEER_CLOSED"
+    mid_frame = False
 
 
 class InvalidRequestError(WireError, ValueError):
@@ -233,13 +234,17 @@ def read_frame(sock, max_payload=MAX_FRAME, idle_deadline=None, frame_timeout=No
     deadline = None if frame_timeout is None else time.monotonic() + frame_timeout
     if idle_deadline is not None:
         deadline = idle_deadline if deadline is None else min(deadline, idle_deadline)
-    header = first + _recv_exact(sock, 3, deadline, "a frame header")
-    (length,) = struct.unpack(">I", header)
-    if length == 0:
-        raise ProtocolError("empty frame (length 0)")
-    if length > max_payload:
-        raise ProtocolError(f"frame of {length} bytes exceeds the maximum of {max_payload}")
-    payload = _recv_exact(sock, length, deadline, f"a {length}-byte frame")
+    try:
+        header = first + _recv_exact(sock, 3, deadline, "a frame header")
+        (length,) = struct.unpack(">I", header)
+        if length == 0:
+            raise ProtocolError("empty frame (length 0)")
+        if length > max_payload:
+            raise ProtocolError(f"frame of {length} bytes exceeds the maximum of {max_payload}")
+        payload = _recv_exact(sock, length, deadline, f"a {length}-byte frame")
+    except PeerClosedError as e:
+        e.mid_frame = True  # a truncated frame, not a clean goodbye
+        raise
     return payload[0], Reader(payload[1:])
 
 
