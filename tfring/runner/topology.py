@@ -2,7 +2,7 @@
 it. The derivation is a pure function (:func:`derive_topology`), so every
 rank computes the same answer from the same registrations; the C++ core
 does the same in tf_ops/common/transport/tcp/topology.cc (same rules, same
-record format, checked against each other by tests/runner/test_tcp_client_cpp.py).
+record format, checked against each other by tests/common/transport/test_tcp_cpp.py).
 
 Rules (docs/wire.md, "Topology"):
 - hosts are ordered by their ``order`` hint (the host's index in tfringrun's

@@ -1,5 +1,5 @@
 // Tests of the TCP transport's wire pieces, run under ASan/UBSan by
-// tests/common/transport/test_tcp_cpp.py.
+// tests/common/transport/test_tcp_cpp.py (also a Bazel cc_test: no argument = unit).
 //   tcp_client_test unit                   pure tests (SHA-256, HMAC, parser, topology)
 //   tcp_client_test store HOST PORT SCOPE N  a session against a live rendezvous store
 //                                          (secret from TFRING_SECRET), then registers N
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "../rendezvous_client.h"
-#include "../sha256.h"
-#include "../topology.h"
-#include "../wire.h"
+#include "../transport/tcp/rendezvous_client.h"
+#include "../transport/tcp/sha256.h"
+#include "../transport/tcp/topology.h"
+#include "../transport/tcp/wire.h"
 
 using namespace tfring::tcp;
 

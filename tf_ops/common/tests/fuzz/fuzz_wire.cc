@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "../topology.h"
-#include "../wire.h"
+#include "../../transport/tcp/topology.h"
+#include "../../transport/tcp/wire.h"
 
 using namespace tfring::tcp;
 
