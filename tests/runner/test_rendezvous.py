@@ -47,7 +47,8 @@ def test_set_get_add_wait_and_scopes(store):
         with pytest.raises(wire.WireTimeoutError):
             c.get("job/0", "a", timeout=0.1)
         assert c.get("job/1", "a", timeout=1) == b"new"
-        with pytest.raises(wire.InvalidRequestError, match="key 'a' in scope 'job/1' is already set"):
+        with pytest.raises(wire.InvalidRequestError,
+                           match="key 'a' in scope 'job/1' is already set"):
             c.set("job/1", "a", b"x", exclusive=True)
         with pytest.raises(wire.InvalidRequestError, match="does not hold an integer"):
             c.add("job/1", "a", 1)
@@ -69,7 +70,8 @@ def test_get_timeout_names_the_key(store):
     with client(store) as c:
         start = time.monotonic()
         with pytest.raises(wire.WireTimeoutError,
-                           match=r"timed out after 0.3 s waiting for key 'missing' in scope 'job/0'"):
+                           match=r"timed out after 0.3 s waiting for key 'missing' "
+                                 r"in scope 'job/0'"):
             c.get("job/0", "missing", timeout=0.3)
         assert time.monotonic() - start < 5
         with pytest.raises(TimeoutError, match=r"keys \['b'\] in scope 'job/0'"):

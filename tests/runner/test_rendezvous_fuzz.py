@@ -9,7 +9,6 @@ import struct
 import threading
 import time
 
-import pytest
 
 from tfring.runner import wire
 from tfring.runner.rendezvous import RendezvousClient
@@ -26,7 +25,8 @@ def valid_requests(rng):
         wire.frame(wire.SET, pb(scope) + pb(key) + pb(b"v" * rng.randrange(50)) + b"\x00"),
         wire.frame(wire.GET, pb(scope) + pb(key) + struct.pack(">I", 5)),
         wire.frame(wire.ADD, pb(scope) + pb(b"n") + struct.pack(">q", rng.randrange(-9, 9))),
-        wire.frame(wire.WAIT_KEYS, pb(scope) + struct.pack(">I", 1) + pb(key) + struct.pack(">I", 5)),
+        wire.frame(wire.WAIT_KEYS, pb(scope) + struct.pack(">I", 1) + pb(key)
+                   + struct.pack(">I", 5)),
         wire.frame(wire.WAIT_PREFIX, pb(scope) + pb(b"k") + struct.pack(">I", 1)
                    + struct.pack(">I", 5)),
         wire.frame(wire.PING),

@@ -196,7 +196,7 @@ class RendezvousServer:
                     # A well-formed request that cannot be served (timeout, bad
                     # argument): the client is told, the connection stays.
                     reply = _error_frame(e)
-                except Exception as e:  # noqa: BLE001 - never let a request kill the thread silently
+                except Exception as e:  # noqa: BLE001 - no request may end a thread unlogged
                     LOG.warning("rendezvous: closed connection from %s: bad request: %r",
                                 _peer(peer), e)
                     self._reply_error(sock, wire.ProtocolError(f"bad request: {e}"))

@@ -78,8 +78,8 @@ def test_wrong_secret_and_no_server(client_test, caplog):
     with running_store() as (server, secret):
         port = server.address[1]
         result = run(client_test, "connect", HOST, port, 5, secret=wire.generate_secret())
-        assert result.stdout.startswith(
-            f"AUTH_FAILED rendezvous {HOST}:{port}: the server refused the connection"), result.stdout
+        refused = f"AUTH_FAILED rendezvous {HOST}:{port}: the server refused the connection"
+        assert result.stdout.startswith(refused), result.stdout
         assert len(refusals(caplog)) == 1
         result = run(client_test, "connect", HOST, port, 5, secret=secret)
         assert result.stdout.startswith("OK"), result.stdout
@@ -140,7 +140,8 @@ def test_hostile_servers_give_typed_errors_not_hangs(client_test, behaviour, exp
 
 
 def test_short_seeded_fuzz_run_of_the_parser(tmp_path):
-    binary = build(tmp_path / "fuzz_wire", os.path.join("fuzz", "fuzz_wire.cc"), ["wire.cc", "sha256.cc", "topology.cc"],
+    binary = build(tmp_path / "fuzz_wire", os.path.join("fuzz", "fuzz_wire.cc"),
+                   ["wire.cc", "sha256.cc", "topology.cc"],
                    defines=["-DTFRING_SEEDED_DRIVER"])
     for seed in (1, 2):
         result = run(binary, seed, 30000, timeout=300)

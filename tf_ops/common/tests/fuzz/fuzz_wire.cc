@@ -80,7 +80,8 @@ static std::vector<std::string> Seeds() {
   std::string rec = EncodeRegistration(reg);
   return {
       std::string(1, '\x00') + Writer(kValue).Bytes("hello").Frame() + Writer(kInt).I64(7).Frame(),
-      std::string(1, '\x01') + Writer(kChallenge).Raw("TFRG").U8(1).Raw(std::string(32, 'n')).Frame(),
+      std::string(1, '\x01') +
+          Writer(kChallenge).Raw("TFRG").U8(1).Raw(std::string(32, 'n')).Frame(),
       std::string(1, '\x01') + Writer(kAuth).Raw(std::string(32, 'c')).Bytes("rendezvous")
                                    .Raw(std::string(32, 'm')).Frame(),
       std::string(1, '\x06') + Writer(kEntries).U32(2).Bytes("reg/h/0").Bytes(rec)
@@ -143,9 +144,8 @@ int main(int argc, char** argv) {
   uint64_t runs = 0;
   for (;; ++runs) {
     if (seconds > 0) {
-      if ((runs & 1023) == 0 &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= seconds)
-        break;
+      auto elapsed = std::chrono::steady_clock::now() - start;
+      if ((runs & 1023) == 0 && std::chrono::duration<double>(elapsed).count() >= seconds) break;
     } else if (runs >= iterations) {
       break;
     }

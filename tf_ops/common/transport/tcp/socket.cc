@@ -128,9 +128,10 @@ WireStatus SendAll(const Socket& s, const std::string& data, Deadline deadline) 
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-      return WireStatus::Error(WireCause::PEER_CLOSED,
-                               std::string("the peer closed the connection while we were sending: ") +
-                                   std::strerror(errno));
+      return WireStatus::Error(
+          WireCause::PEER_CLOSED,
+          std::string("the peer closed the connection while we were sending: ") +
+              std::strerror(errno));
     }
     return Io("send", errno);
   }

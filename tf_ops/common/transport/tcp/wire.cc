@@ -20,7 +20,9 @@ std::string Hex(uint8_t b) {
   return buf;
 }
 
-WireStatus Protocol(std::string m) { return WireStatus::Error(WireCause::PROTOCOL_ERROR, std::move(m)); }
+WireStatus Protocol(std::string m) {
+  return WireStatus::Error(WireCause::PROTOCOL_ERROR, std::move(m));
+}
 
 WireStatus Expect(const Frame& f, uint8_t type) {
   if (f.type == type) return WireStatus::OK();
@@ -164,7 +166,9 @@ WireStatus ParseChallenge(const Frame& f, Challenge* out) {
   std::string magic;
   uint8_t version;
   TFRING_WIRE_RETURN_IF_ERROR(r.Raw(4, &magic));
-  if (magic != std::string(kMagic, 4)) return Protocol("the peer is not a tfring endpoint (bad magic)");
+  if (magic != std::string(kMagic, 4)) {
+    return Protocol("the peer is not a tfring endpoint (bad magic)");
+  }
   TFRING_WIRE_RETURN_IF_ERROR(r.U8(&version));
   if (version != kVersion) {
     return Protocol("the peer speaks wire version " + std::to_string(version) +

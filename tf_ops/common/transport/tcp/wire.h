@@ -134,7 +134,9 @@ class FrameParser {
  public:
   explicit FrameParser(uint32_t max_payload) : max_payload_(max_payload) {}
   void set_max_payload(uint32_t m) { max_payload_ = m; }
-  void Feed(const uint8_t* data, size_t len) { pending_.append(reinterpret_cast<const char*>(data), len); }
+  void Feed(const uint8_t* data, size_t len) {
+    pending_.append(reinterpret_cast<const char*>(data), len);
+  }
   // OK with *have=true and a frame, OK with *have=false (needs more bytes),
   // or PROTOCOL_ERROR (the stream is unusable from here on).
   WireStatus Next(Frame* out, bool* have);
