@@ -9,7 +9,6 @@ import struct
 import threading
 import time
 
-
 from tfring.runner import wire
 from tfring.runner.rendezvous import RendezvousClient
 from wire_support import (auth_frame, authenticated_raw, raw_connect, read_challenge,
