@@ -66,7 +66,7 @@ def test_launcher_order_hints_come_before_names_and_slots_may_have_gaps():
     ([Registration("a", 1, "a:1", -1, -1)], "negative slot -1"),
     ([Registration("a", 1, "a:1", 0, 0), Registration("a", 2, "a:2", 1, 1)],
      r"different order hints \[0, 1\]"),
-])
+], ids=["none", "duplicate_slot", "negative_slot", "order_hints"])
 def test_bad_registrations_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
         derive_topology(bad)

@@ -114,7 +114,7 @@ def _hostile_server(behaviour):
     return listener, thread, stop
 
 
-@pytest.mark.parametrize("behaviour,expected", [
+HOSTILE = [
     ("garbage", "PROTOCOL_ERROR"),
     ("oversized", "PROTOCOL_ERROR rendezvous 127.0.0.1:{port}: frame of 4294967295 bytes "
                   "exceeds the maximum of 256"),
@@ -123,7 +123,10 @@ def _hostile_server(behaviour):
     ("close", "PEER_CLOSED"),
     ("wrong_server_proof", "AUTH_FAILED rendezvous 127.0.0.1:{port}: the server's proof is wrong"),
     ("old_version", "PROTOCOL_ERROR rendezvous 127.0.0.1:{port}: the peer speaks wire version 9"),
-])
+]
+
+
+@pytest.mark.parametrize("behaviour,expected", HOSTILE, ids=[b for b, _ in HOSTILE])
 def test_hostile_servers_give_typed_errors_not_hangs(client_test, behaviour, expected):
     listener, thread, stop = _hostile_server(behaviour)
     port = listener.getsockname()[1]
