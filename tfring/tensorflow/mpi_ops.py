@@ -69,10 +69,22 @@ def _default_name(prefix, tensor, name):
     return name
 
 
-def _key(name):
-    """The tensor_name attribute: eager execution drops op names, so an
-    explicit name is passed to the kernel this way. Graphs key by node name."""
-    return name if name is not None and tf.executing_eagerly() else ""
+def _collective(kind, *inputs, name=None, graph_name=None, **attrs):
+    """Runs the collective `kind` ("Allreduce", "GroupedAllgather", ...).
+
+    In graphs (tf.function, TF1) this is Horovod's op Horovod<kind>, keyed by
+    its node name `graph_name`, so graphs stay loadable by and from Horovod.
+    Eager execution drops op names, and TF's eager runtime keeps one kernel
+    per distinct set of attribute values for the life of the process: a key
+    passed as an attribute would cost a kernel (~35 KB) per distinct name. So
+    eager mode runs the twin TfringNamed<kind>, which takes the key as a
+    string input: `name`, else the Horovod op's name, as before.
+    """
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
+    if tf.executing_eagerly():
+        key = name if name is not None else f"Horovod{kind}"
+        return getattr(_ops(), f"tfring_named_{snake}")(*inputs, tf.constant(key), **attrs)
+    return getattr(_ops(), f"horovod_{snake}")(*inputs, name=graph_name, **attrs)
 
 
 def _check_dtype(tensor, what):
@@ -125,10 +137,11 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "allreduce")
     _check_reduce_op(op, prescale_factor, postscale_factor, "allreduce")
-    return _ops().horovod_allreduce(
-        tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
-        tensor_name=_key(name), name=_default_name("HorovodAllreduce", tensor, name))
+    return _collective(
+        "Allreduce", tensor, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+        process_set_id=_process_set_id(process_set), name=name,
+        graph_name=_default_name("HorovodAllreduce", tensor, name))
 
 
 def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
@@ -137,12 +150,12 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_allreduce")
     return _per_dtype(tensors, "grouped_allreduce", name, "HorovodGroupedAllreduce",
-                      lambda group, group_name: _ops().horovod_grouped_allreduce(
-                          group, reduce_op=op, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor,
+                      lambda group, group_name: _collective(
+                          "GroupedAllreduce", group, reduce_op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                           ignore_name_scope=ignore_name_scope,
                           process_set_id=_process_set_id(process_set),
-                          tensor_name=_key(group_name), name=group_name))
+                          name=group_name, graph_name=group_name))
 
 
 def _resolve_op(op, average, default=Average):
@@ -256,19 +269,19 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     basics._require_init()
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "allgather")
-    return _ops().horovod_allgather(tensor, ignore_name_scope=ignore_name_scope,
-                                    process_set_id=_process_set_id(process_set),
-                                    tensor_name=_key(name), name=_default_name("HorovodAllgather", tensor, name))
+    return _collective("Allgather", tensor, ignore_name_scope=ignore_name_scope,
+                       process_set_id=_process_set_id(process_set), name=name,
+                       graph_name=_default_name("HorovodAllgather", tensor, name))
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Allgathers a list of tensors (one request per dtype). Returns a list."""
     basics._require_init()
     return _per_dtype(tensors, "grouped_allgather", name, "HorovodGroupedAllgather",
-                      lambda group, group_name: _ops().horovod_grouped_allgather(
-                          group, ignore_name_scope=ignore_name_scope,
+                      lambda group, group_name: _collective(
+                          "GroupedAllgather", group, ignore_name_scope=ignore_name_scope,
                           process_set_id=_process_set_id(process_set),
-                          tensor_name=_key(group_name), name=group_name))
+                          name=group_name, graph_name=group_name))
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
@@ -301,10 +314,10 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     basics._require_init()
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "broadcast")
-    return _ops().horovod_broadcast(tensor, root_rank=root_rank,
-                                    ignore_name_scope=ignore_name_scope,
-                                    process_set_id=_process_set_id(process_set),
-                                    tensor_name=_key(name), name=_default_name("HorovodBroadcast", tensor, name))
+    return _collective("Broadcast", tensor, root_rank=root_rank,
+                       ignore_name_scope=ignore_name_scope,
+                       process_set_id=_process_set_id(process_set), name=name,
+                       graph_name=_default_name("HorovodBroadcast", tensor, name))
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
@@ -335,10 +348,10 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                 "HorovodBroadcastInplace_" + _normalize_name(var.name)
         elif len(variables) > 1:
             op_name = f"{name}_{i}"
-        _ops().horovod_broadcast_inplace_resource(
-            var.handle, T=var.dtype.base_dtype, root_rank=root_rank,
+        _collective(
+            "BroadcastInplaceResource", var.handle, T=var.dtype.base_dtype, root_rank=root_rank,
             ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
-            tensor_name=_key(op_name), name=op_name)
+            name=op_name, graph_name=op_name)
     return variables
 
 
@@ -366,10 +379,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "alltoall")
     splits_t = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
-    out, received = _ops().horovod_alltoall(
-        tensor, splits_t, ignore_name_scope=ignore_name_scope,
-        process_set_id=_process_set_id(process_set),
-        tensor_name=_key(name), name=_default_name("HorovodAlltoall", tensor, name))
+    out, received = _collective(
+        "Alltoall", tensor, splits_t, ignore_name_scope=ignore_name_scope,
+        process_set_id=_process_set_id(process_set), name=name,
+        graph_name=_default_name("HorovodAlltoall", tensor, name))
     return out if splits is None else (out, received)
 
 
@@ -415,11 +428,11 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     _check_dtype(compressed, "reducescatter")
-    out = _ops().horovod_reducescatter(
-        compressed, reduce_op=op, prescale_factor=prescale_factor,
+    out = _collective(
+        "Reducescatter", compressed, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-        process_set_id=_process_set_id(process_set),
-        tensor_name=_key(name), name=_default_name("HorovodReducescatter", tensor, name))
+        process_set_id=_process_set_id(process_set), name=name,
+        graph_name=_default_name("HorovodReducescatter", tensor, name))
     return compression.decompress(out, ctx)
 
 
@@ -438,12 +451,12 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_reducescatter")
     return _per_dtype(tensors, "grouped_reducescatter", name, "HorovodGroupedReducescatter",
-                      lambda group, group_name: _ops().horovod_grouped_reducescatter(
-                          group, reduce_op=op, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor,
+                      lambda group, group_name: _collective(
+                          "GroupedReducescatter", group, reduce_op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                           ignore_name_scope=ignore_name_scope,
                           process_set_id=_process_set_id(process_set),
-                          tensor_name=_key(group_name), name=group_name))
+                          name=group_name, graph_name=group_name))
 
 
 def join(process_set=global_process_set):
@@ -469,7 +482,8 @@ def barrier(process_set=global_process_set, name=None):
         >>> hvd.barrier()
     """
     basics._require_init()
-    return _ops().horovod_barrier(process_set_id=_process_set_id(process_set), tensor_name=_key(name), name=name)
+    return _collective("Barrier", process_set_id=_process_set_id(process_set), name=name,
+                       graph_name=name)
 
 
 def size_op(process_set_id=0, name=None):
@@ -596,3 +610,19 @@ def _reducescatter_grad(op, grad):
 def _grouped_reducescatter_grad(op, *grads):
     gathered = grouped_allgather(list(grads), process_set=_set_from_op(op))
     return [_reducescatter_input_grad(op, g, x) for g, x in zip(grads, gathered)]
+
+
+def _register_eager_twin_gradients():
+    """The TfringNamed* ops (eager mode) differentiate like their Horovod
+    counterparts; their extra last input, the name, gets no gradient."""
+    for kind in ("Allreduce", "GroupedAllreduce", "Allgather", "GroupedAllgather", "Broadcast",
+                 "Alltoall", "Reducescatter", "GroupedReducescatter"):
+        horovod_grad = tf_ops.gradient_registry.lookup(f"Horovod{kind}")
+
+        def twin_grad(op, *grads, horovod_grad=horovod_grad):
+            out = horovod_grad(op, *grads)
+            return (list(out) if isinstance(out, (list, tuple)) else [out]) + [None]
+        tf_ops.RegisterGradient(f"TfringNamed{kind}")(twin_grad)
+
+
+_register_eager_twin_gradients()
