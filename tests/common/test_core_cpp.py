@@ -14,7 +14,7 @@ CORE = os.path.join(ROOT, "tf_ops", "common")
 # The pieces of the core with no MPI or TF dependency.
 SOURCES = ["controller.cc", "message.cc", "fusion_buffer.cc", "reduction.cc", "common.cc",
            "response_cache.cc", "timeline.cc",
-           "config.cc", "logging.cc"]
+           "config.cc", "logging.cc", "ops/adasum.cc"]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")

@@ -120,14 +120,35 @@ def _per_dtype(tensors, what, name, prefix, run):
 
 
 def _check_reduce_op(op, prescale_factor, postscale_factor, what):
-    if op == Adasum:
-        raise NotImplementedError("tfring does not implement Adasum yet; use op=Average or op=Sum.")
+    if op == Adasum and what.endswith("reducescatter"):
+        raise NotImplementedError(f"{what} does not support Adasum (Horovod neither); Adasum is "
+                                  "an allreduce. Use op=Average or op=Sum.")
     if op not in _OP_NAMES:
-        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, Sum, Min, Max or "
-                         "Product.")
-    if (prescale_factor != 1.0 or postscale_factor != 1.0) and op not in (Average, Sum):
-        raise ValueError(f"{what}: prescale/postscale factors need op=Average or op=Sum, "
+        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, Sum, Adasum, Min, "
+                         "Max or Product.")
+    if (prescale_factor != 1.0 or postscale_factor != 1.0) and op not in (Average, Sum, Adasum):
+        raise ValueError(f"{what}: prescale/postscale factors need op=Average, Sum or Adasum, "
                          f"not {_OP_NAMES[op]}.")
+
+
+ADASUM_DTYPES = (tf.float16, tf.float32, tf.float64)
+
+
+def _check_adasum(tensors, process_set):
+    """Refuses, before anything is submitted, what Horovod refuses for Adasum
+    on CPU: non-global process sets and a number of ranks that is not a power
+    of two (the pairwise tree needs one). Adasum combines floating-point
+    vectors only."""
+    for t in tensors:
+        if t.dtype.base_dtype not in ADASUM_DTYPES:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"tfring Adasum supports float16, float32 and float64 tensors, not "
+                f"{t.dtype.name}.")
+    if process_set.process_set_id != 0:
+        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+    n = process_set.size()
+    if n & (n - 1):
+        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
 
 
 def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
@@ -137,6 +158,8 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "allreduce")
     _check_reduce_op(op, prescale_factor, postscale_factor, "allreduce")
+    if op == Adasum:
+        _check_adasum([tensor], process_set)
     return _collective(
         "Allreduce", tensor, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
@@ -149,6 +172,8 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
     """Allreduces a list of dense tensors as one request per dtype."""
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_allreduce")
+    if op == Adasum:
+        _check_adasum([tf.convert_to_tensor(t) for t in tensors], process_set)
     return _per_dtype(tensors, "grouped_allreduce", name, "HorovodGroupedAllreduce",
                       lambda group, group_name: _collective(
                           "GroupedAllreduce", group, reduce_op=op,
@@ -156,6 +181,11 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
                           ignore_name_scope=ignore_name_scope,
                           process_set_id=_process_set_id(process_set),
                           name=group_name, graph_name=group_name))
+
+
+_ADASUM_SPARSE = ("Adasum does not support sparse tensors (tf.IndexedSlices); pass "
+                  "sparse_as_dense=True to the DistributedOptimizer or DistributedGradientTape, "
+                  "or convert them with tf.convert_to_tensor.")
 
 
 def _resolve_op(op, average, default=Average):
@@ -176,8 +206,18 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         average: deprecated; use op.
         device_dense, device_sparse: accepted for Horovod compatibility.
         compression: Compression.none (default) or Compression.fp16.
-        op: hvd.Average (default), Sum, Min, Max or Product. IndexedSlices
-            support Average and Sum only.
+        op: hvd.Average (default), Sum, Adasum, Min, Max or Product.
+            IndexedSlices support Average and Sum only. Adasum (adaptive
+            summation, Maleki et al. 2020) combines two ranks' tensors a, b
+            as (1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b, pairwise up a
+            binary tree of ranks: orthogonal gradients add up, parallel ones
+            are averaged, so it helps when large effective batches (many
+            ranks) would otherwise need a retuned learning rate, and it
+            changes nothing useful when gradients are nearly parallel
+            anyway. Apply it to gradients with the learning rate of a single
+            rank. It needs a power-of-two number of ranks, the global
+            process set and float16/32/64 tensors; each tensor of a grouped
+            or fused request gets its own coefficients.
         prescale_factor, postscale_factor: multiply before / after the sum.
         name: the collective's name; the same on every rank.
         process_set: the ranks taking part (default: all).
@@ -188,16 +228,22 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
     Raises:
         tf.errors.FailedPreconditionError: ranks disagree on shape, dtype or op.
-        tf.errors.InvalidArgumentError: unsupported dtype.
-        NotImplementedError: Adasum, or scale factors with IndexedSlices.
+        tf.errors.InvalidArgumentError: unsupported dtype (for Adasum: not
+            float16/32/64).
+        NotImplementedError: scale factors or Adasum with IndexedSlices;
+            Adasum on a number of ranks that is not a power of two, or on a
+            process set other than the global one.
 
     Example:
         >>> avg = hvd.allreduce(tf.constant([1.0, 2.0]) * (hvd.rank() + 1))
+        >>> combined = hvd.allreduce(grad, op=hvd.Adasum)  # 1, 2, 4, 8, ... ranks
     """
     from tfring.tensorflow.compression import Compression
     compression = compression or Compression.none
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
+        if op == Adasum:
+            raise NotImplementedError(_ADASUM_SPARSE)
         if op not in (Average, Sum):
             raise NotImplementedError("allreduce of IndexedSlices supports op=Average or Sum only.")
         if prescale_factor != 1.0 or postscale_factor != 1.0:
@@ -235,6 +281,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i in range(len(tensors)) if i not in sparse]
     results = [None] * len(tensors)
+    if sparse and op == Adasum:
+        raise NotImplementedError(_ADASUM_SPARSE)
     for i in sparse:
         results[i] = allreduce(tensors[i], op=op, process_set=process_set,
                                ignore_name_scope=ignore_name_scope)
