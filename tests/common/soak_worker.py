@@ -116,10 +116,9 @@ def draw_step(gen, size):
     function = gen.random() < 0.5
     dtypes = FUNCTION_DTYPES if function else ALL_DTYPES
     dtype = dtypes[gen.integers(len(dtypes))]
-    # Eager collectives with a name pass it as an op attribute, and TensorFlow
-    # caches one kernel per distinct set of attributes for the life of the
-    # process: a bounded set of names (as training steps use) keeps that
-    # cache bounded. Grouped allreduces go unnamed.
+    # Some eager steps pass a name (one per kind, as training steps reuse
+    # theirs); grouped allreduces go unnamed. The memory cost of ever-new
+    # names is measured on its own (--distinct-names).
     named = not function and kind != "grouped_allreduce" and gen.random() < NAMED
     plan = {"kind": kind, "function": function, "dtype": dtype,
             "name": f"soak_{kind}" if named else None}
@@ -257,12 +256,26 @@ def prime(functions, size):
 
 
 def distinct_names(count):
-    """RSS growth (MB) over `count` eager allreduces, each with a new name."""
+    """RSS growth (MB) over `count` eager collectives, each with a new name
+    (every kind of collective in turn, so every eager op variant is covered)."""
     x = tf.ones([16])
-    hvd.allreduce(x, op=hvd.Sum, name="distinct_warm_up")
+    size = hvd.size()
+    kinds = [
+        lambda n: hvd.allreduce(x, op=hvd.Sum, name=n),
+        lambda n: hvd.grouped_allreduce([x, x], op=hvd.Sum, name=n),
+        lambda n: hvd.allgather(x, name=n),
+        lambda n: hvd.grouped_allgather([x, x], name=n),
+        lambda n: hvd.broadcast(x, root_rank=0, name=n),
+        lambda n: hvd.alltoall(tf.ones([2 * size]), name=n),
+        lambda n: hvd.reducescatter(tf.ones([2 * size]), op=hvd.Sum, name=n),
+        lambda n: hvd.grouped_reducescatter([tf.ones([2 * size])], op=hvd.Sum, name=n),
+        lambda n: hvd.barrier(name=n),
+    ]
+    for i, run in enumerate(kinds):  # each kind's kernel is built once before measuring
+        run(f"distinct_warm_up_{i}")
     before = rss_mb()
     for i in range(count):
-        hvd.allreduce(x, op=hvd.Sum, name=f"distinct_{i}")
+        kinds[i % len(kinds)](f"distinct_{i}")
     return rss_mb() - before
 
 

@@ -31,6 +31,26 @@ bool GetBit(const std::vector<uint64_t>& words, size_t offset, int bit) {
 }
 }  // namespace
 
+std::vector<Request> Controller::StageGroups(const std::vector<Request>& requests) {
+  std::vector<Request> out;
+  for (const Request& req : requests) {
+    if (req.group_size <= 1) {
+      out.push_back(req);
+      continue;
+    }
+    // Kernels submit a group's members one by one, so a cycle may see only
+    // some of them: hold those back until the rest arrive, so that the group
+    // is decided (all hits, or all to the coordinator) as a whole.
+    auto& members = arriving_groups_[req.group_name];
+    members.push_back(req);
+    if (static_cast<int>(members.size()) >= req.group_size) {
+      out.insert(out.end(), members.begin(), members.end());
+      arriving_groups_.erase(req.group_name);
+    }
+  }
+  return out;
+}
+
 Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* out) {
   if (!cache_.enabled()) {
     for (const Request& r : mine.requests) negotiating_[r.name] = r;
@@ -55,23 +75,55 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
   std::vector<uint64_t> words(1 + 2 * words_per_part, 0);
   std::fill(words.begin() + valid, words.end(), ~uint64_t{0});
 
-  for (const Request& req : mine.requests) {
+  auto invalidate = [&](int bit) { words[valid + bit / 64] &= ~(uint64_t{1} << (bit % 64)); };
+  std::vector<std::pair<int, Request>> new_hits;
+  for (const Request& req : StageGroups(mine.requests)) {
     if (req.type == CollectiveType::JOIN) join_pending_ = true;
     if (ResponseCache::Cacheable(req.type)) {
       int bit = cache_.Find(req.name);
       if (bit >= 0 && cache_.Matches(bit, req)) {
-        pending_hits_[bit] = {req, now};
+        new_hits.push_back({bit, req});
         continue;
       }
       // Cached with another shape or op: every rank drops the entry.
-      if (bit >= 0) words[valid + bit / 64] &= ~(uint64_t{1} << (bit % 64));
+      if (bit >= 0) invalidate(bit);
     }
     full.requests.push_back(req);
   }
   for (auto it = pending_hits_.begin(); it != pending_hits_.end();) {
     if (now - it->second.since > hit_patience_) {
       full.requests.push_back(it->second.request);
-      words[valid + it->first / 64] &= ~(uint64_t{1} << (it->first % 64));
+      invalidate(it->first);
+      it = pending_hits_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // A group runs as one: the coordinator releases it only once it has every
+  // member, so a group with any member on its way to the coordinator sends
+  // all of them there. Its cached members are invalidated too, which makes
+  // every other rank drop its hits on them and negotiate the whole group as
+  // well; otherwise they would run from the cache and the coordinator would
+  // wait forever for them.
+  std::set<std::string> negotiated_groups;
+  for (const Request& r : full.requests) {
+    if (r.group_size > 1) negotiated_groups.insert(r.group_name);
+  }
+  auto negotiated = [&](const Request& r) {
+    return r.group_size > 1 && negotiated_groups.count(r.group_name) > 0;
+  };
+  for (auto& hit : new_hits) {
+    if (negotiated(hit.second)) {
+      full.requests.push_back(hit.second);
+      invalidate(hit.first);
+    } else {
+      pending_hits_[hit.first] = {std::move(hit.second), now};
+    }
+  }
+  for (auto it = pending_hits_.begin(); it != pending_hits_.end();) {
+    if (negotiated(it->second.request)) {
+      full.requests.push_back(it->second.request);
+      invalidate(it->first);
       it = pending_hits_.erase(it);
     } else {
       SetBit(words, hits, it->first);

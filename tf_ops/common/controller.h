@@ -78,6 +78,9 @@ class Controller {
   Status NegotiateWithCoordinator(const RequestList& mine, ResponseList* out);
   // Records negotiated responses in the cache and settles this rank's hits.
   void UpdateCache(const ResponseList& negotiated);
+  // `requests` minus the members of groups not yet complete on this rank,
+  // plus the members of groups completed by them.
+  std::vector<Request> StageGroups(const std::vector<Request>& requests);
   struct PendingTensor {
     std::vector<Request> requests;  // index = set rank; valid where `received`
     std::vector<bool> received;
@@ -120,6 +123,8 @@ class Controller {
   std::map<int, Hit> pending_hits_;                       // bit -> my request
   std::vector<Request> deferred_;                         // to negotiate next cycle
   std::unordered_map<std::string, Request> negotiating_;  // sent to the coordinator
+  // Members of groups of which only some have been submitted (by group name).
+  std::unordered_map<std::string, std::vector<Request>> arriving_groups_;
   bool join_pending_ = false;
   // Hits not matched by every rank within this long go to the coordinator,
   // whose stall inspector can then say which ranks are missing.

@@ -100,6 +100,16 @@ std::string PlanePhase(const ProcessSet& ps, CollectiveType type) {
 
 // --- Executing responses -------------------------------------------------
 
+// The data plane's allreduce of tensors of `counts` elements back to back;
+// Adasum needs the tensor boundaries (its dot products are per tensor).
+Status PlaneAllreduce(ProcessSet& ps, void* buf, const std::vector<int64_t>& counts,
+                      DataType dtype, ReduceOp op) {
+  if (op == ReduceOp::ADASUM) return ps.data_plane->Adasum(buf, counts, dtype);
+  int64_t count = 0;
+  for (int64_t c : counts) count += c;
+  return ps.data_plane->Allreduce(buf, count, dtype, op);
+}
+
 void PerformAllreduce(ProcessSet& ps, const Response& r) {
   const size_t n = r.tensor_names.size();
   std::vector<TensorTableEntry> entries(n);
@@ -116,7 +126,7 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
     if (e.output != e.input) std::memcpy(e.output, e.input, count * esize);
     s = ScaleBuffer(e.output, count, r.dtype, r.prescale_factor);
     const auto start = Clock::now();
-    if (s.ok()) s = ps.data_plane->Allreduce(e.output, count, r.dtype, op);
+    if (s.ok()) s = PlaneAllreduce(ps, e.output, r.tensor_sizes, r.dtype, op);
     Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLREDUCE), start);
     if (s.ok())
       s = FinishReduction(e.output, count, r.dtype, r.reduce_op, r.postscale_factor, ps.size());
@@ -138,7 +148,7 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
     s = ScaleBuffer(buf, count, r.dtype, r.prescale_factor);
     Phase(r.tensor_names, "MEMCPY_IN_FUSION_BUFFER", start);
     start = Clock::now();
-    if (s.ok()) s = ps.data_plane->Allreduce(buf, count, r.dtype, op);
+    if (s.ok()) s = PlaneAllreduce(ps, buf, r.tensor_sizes, r.dtype, op);
     Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLREDUCE), start);
     start = Clock::now();
     if (s.ok()) s = FinishReduction(buf, count, r.dtype, r.reduce_op, r.postscale_factor, ps.size());

@@ -67,6 +67,26 @@ tf::TensorShape ToTFShape(const TensorShape& s) {
 
 void* DataOf(const tf::Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
+// The TfringNamed* ops (eager mode) carry the collective's key as their last
+// input, a string scalar; the Horovod ops have no string input. Returns that
+// input's index, or -1.
+int NameInput(tf::OpKernelConstruction* c) {
+  const int last = c->num_inputs() - 1;
+  return last >= 0 && c->input_type(last) == tf::DT_STRING ? last : -1;
+}
+
+// Reads the key from the name input of a TfringNamed* op.
+Status KeyFromInput(tf::OpKernelContext* ctx, int index, std::string* key) {
+  const tf::Tensor& t = ctx->input(index);
+  if (t.dims() != 0) {
+    return Status::InvalidArgument("tfring: the tensor_name input must be a string scalar, not "
+                                   "shape " + t.shape().DebugString());
+  }
+  *key = std::string(t.scalar<tf::tstring>()());
+  if (key->empty()) return Status::InvalidArgument("tfring: the tensor_name input is empty");
+  return Status::OK();
+}
+
 // Completes an op that submitted several entries once the last one is done,
 // reporting the first error.
 class GroupCompletion {
@@ -105,17 +125,20 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     if (c->HasAttr("process_set_id")) {
       OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
     }
+    name_input_ = NameInput(c);
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(CheckInitialized()), done);
+    std::string key = TensorName();
+    if (name_input_ >= 0) OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(KeyFromInput(ctx, name_input_, &key)), done);
     const int n = NumEntries(ctx);
     auto group = std::make_shared<GroupCompletion>(ctx, done, n);
     for (int i = 0; i < n; ++i) {
       TensorTableEntry e;
-      e.name = n > 1 || grouped_ ? TensorName() + "_" + std::to_string(i) : TensorName();
+      e.name = n > 1 || grouped_ ? key + "_" + std::to_string(i) : key;
       if (grouped_) {
-        e.group_name = TensorName();
+        e.group_name = key;
         e.group_size = n;
         e.group_index = i;
       }
@@ -134,6 +157,10 @@ class CollectiveKernel : public tf::AsyncOpKernel {
 
  protected:
   virtual int NumEntries(tf::OpKernelContext* ctx) const { return 1; }
+  // The tensor inputs of a grouped op (all but the name input).
+  int NumTensorInputs(tf::OpKernelContext* ctx) const {
+    return ctx->num_inputs() - (name_input_ >= 0 ? 1 : 0);
+  }
   // Fills everything but name, group fields and callback for entry `i`.
   virtual Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) = 0;
 
@@ -175,6 +202,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
   bool ignore_name_scope_ = false;
   std::string tensor_name_;
   int process_set_id_ = 0;
+  int name_input_ = -1;
 };
 
 // Reads the reduce op and scale factors shared by allreduce and reducescatter.
@@ -203,7 +231,7 @@ class AllreduceOp : public CollectiveKernel {
   }
 
  protected:
-  int NumEntries(tf::OpKernelContext* ctx) const override { return ctx->num_inputs(); }
+  int NumEntries(tf::OpKernelContext* ctx) const override { return NumTensorInputs(ctx); }
   Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) override {
     e->type = CollectiveType::ALLREDUCE;
     attrs_.Apply(e);
@@ -222,7 +250,7 @@ class AllgatherOp : public CollectiveKernel {
   }
 
  protected:
-  int NumEntries(tf::OpKernelContext* ctx) const override { return ctx->num_inputs(); }
+  int NumEntries(tf::OpKernelContext* ctx) const override { return NumTensorInputs(ctx); }
   Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) override {
     e->type = CollectiveType::ALLGATHER;
     TFRING_RETURN_IF_ERROR(FillInput(ctx, i, e));
@@ -257,11 +285,14 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_rank_));
     OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
     OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
-    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    if (c->HasAttr("tensor_name")) OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    name_input_ = NameInput(c);
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(CheckInitialized()), done);
+    std::string key;
+    if (name_input_ >= 0) OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(KeyFromInput(ctx, name_input_, &key)), done);
     tf::core::RefCountPtr<tf::Var> ref;
     OP_REQUIRES_OK_ASYNC(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, 0), &ref), done);
     tf::Var* var = ref.release();
@@ -280,7 +311,8 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
     TensorTableEntry e;
     const std::string& full = name();
     auto pos = full.rfind('/');
-    e.name = !tensor_name_.empty() ? tensor_name_
+    e.name = !key.empty()            ? key
+             : !tensor_name_.empty() ? tensor_name_
              : ignore_name_scope_ && pos != std::string::npos ? full.substr(pos + 1)
                                                               : full;
     e.type = CollectiveType::BROADCAST;
@@ -307,6 +339,7 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
   int process_set_id_ = 0;
   bool ignore_name_scope_ = false;
   std::string tensor_name_;
+  int name_input_ = -1;
 };
 
 class AlltoallOp : public CollectiveKernel {
@@ -344,7 +377,7 @@ class ReducescatterOp : public CollectiveKernel {
   }
 
  protected:
-  int NumEntries(tf::OpKernelContext* ctx) const override { return ctx->num_inputs(); }
+  int NumEntries(tf::OpKernelContext* ctx) const override { return NumTensorInputs(ctx); }
   Status Prepare(tf::OpKernelContext* ctx, int i, TensorTableEntry* e) override {
     e->type = CollectiveType::REDUCESCATTER;
     attrs_.Apply(e);
@@ -444,6 +477,16 @@ TFRING_CPU_KERNEL("HorovodReducescatter", ReducescatterOp);
 TFRING_CPU_KERNEL("HorovodGroupedReducescatter", ReducescatterOp);
 TFRING_CPU_KERNEL("HorovodBarrier", BarrierOp);
 TFRING_CPU_KERNEL("HorovodJoin", JoinOp);
+TFRING_CPU_KERNEL("TfringNamedAllreduce", AllreduceOp);
+TFRING_CPU_KERNEL("TfringNamedGroupedAllreduce", AllreduceOp);
+TFRING_CPU_KERNEL("TfringNamedAllgather", AllgatherOp);
+TFRING_CPU_KERNEL("TfringNamedGroupedAllgather", AllgatherOp);
+TFRING_CPU_KERNEL("TfringNamedBroadcast", BroadcastOp);
+TFRING_CPU_KERNEL("TfringNamedBroadcastInplaceResource", BroadcastInplaceResourceOp);
+TFRING_CPU_KERNEL("TfringNamedAlltoall", AlltoallOp);
+TFRING_CPU_KERNEL("TfringNamedReducescatter", ReducescatterOp);
+TFRING_CPU_KERNEL("TfringNamedGroupedReducescatter", ReducescatterOp);
+TFRING_CPU_KERNEL("TfringNamedBarrier", BarrierOp);
 TFRING_CPU_KERNEL("HorovodSize", ScalarQueryOp<SetSize>);
 TFRING_CPU_KERNEL("HorovodRank", ScalarQueryOp<SetRank>);
 TFRING_CPU_KERNEL("HorovodLocalSize", ScalarQueryOp<QueryLocalSize>);

@@ -5,6 +5,12 @@
 // `tensor_name` is ours: eager execution ignores an op's name, so without it
 // every eager allreduce would be keyed "HorovodAllreduce" and two threads'
 // collectives could pair up wrongly across ranks. When set, it is the key.
+//
+// Eager mode uses the TfringNamed* twins instead, which take that key as a
+// string scalar input: TF's eager runtime builds and keeps one kernel per
+// distinct set of attribute values, so a key passed as an attribute costs a
+// kernel (~35 KB, never freed) per distinct name. The Horovod ops stay for
+// graphs (tf.function, TF1), where the node name is the key.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -170,6 +176,128 @@ REGISTER_OP("HorovodBarrier")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Waits until every rank of the process set reaches the barrier.");
+
+// --- The eager twins: the same attributes minus `tensor_name`, which is the
+// last input instead. Shapes as their Horovod counterparts.
+
+#define TFRING_REDUCTION_ATTRS                     \
+  .Attr("reduce_op: int")                          \
+  .Attr("prescale_factor: float = 1.0")            \
+  .Attr("postscale_factor: float = 1.0")
+
+#define TFRING_NAMED_ATTRS                         \
+  .Attr("ignore_name_scope: bool = False")         \
+  .Attr("process_set_id: int = 0")
+
+namespace {
+// Output i takes input i's shape (grouped allreduce); the name input has none.
+::tensorflow::Status SameShapes(InferenceContext* c) {
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+  return ::tensorflow::OkStatus();
+}
+::tensorflow::Status FirstDimsUnknown(InferenceContext* c) {
+  for (int i = 0; i < c->num_outputs(); ++i) TF_RETURN_IF_ERROR(FirstDimUnknown(c, i, i));
+  return ::tensorflow::OkStatus();
+}
+}  // namespace
+
+REGISTER_OP("TfringNamedAllreduce")
+    .Attr("T: " TFRING_DTYPES) TFRING_REDUCTION_ATTRS TFRING_NAMED_ATTRS
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("sum: T")
+    .SetIsStateful()
+    .SetShapeFn(SameShapes)
+    .Doc("HorovodAllreduce keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedGroupedAllreduce")
+    .Attr("T: " TFRING_DTYPES) TFRING_REDUCTION_ATTRS TFRING_NAMED_ATTRS
+    .Attr("num_tensors: int")
+    .Input("tensors: num_tensors*T")
+    .Input("tensor_name: string")
+    .Output("sum: num_tensors*T")
+    .SetIsStateful()
+    .SetShapeFn(SameShapes)
+    .Doc("HorovodGroupedAllreduce keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedAllgather")
+    .Attr("T: " TFRING_DTYPES) TFRING_NAMED_ATTRS
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(FirstDimsUnknown)
+    .Doc("HorovodAllgather keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedGroupedAllgather")
+    .Attr("T: " TFRING_DTYPES) TFRING_NAMED_ATTRS
+    .Attr("num_tensors: int")
+    .Input("tensors: num_tensors*T")
+    .Input("tensor_name: string")
+    .Output("output: num_tensors*T")
+    .SetIsStateful()
+    .SetShapeFn(FirstDimsUnknown)
+    .Doc("HorovodGroupedAllgather keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedBroadcast")
+    .Attr("T: " TFRING_DTYPES)
+    .Attr("root_rank: int") TFRING_NAMED_ATTRS
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(SameShapes)
+    .Doc("HorovodBroadcast keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedBroadcastInplaceResource")
+    .Attr("T: " TFRING_DTYPES)
+    .Attr("root_rank: int") TFRING_NAMED_ATTRS
+    .Input("resource: resource")
+    .Input("tensor_name: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("HorovodBroadcastInplaceResource keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedAlltoall")
+    .Attr("T: " TFRING_DTYPES) TFRING_NAMED_ATTRS
+    .Input("tensor: T")
+    .Input("splits: int32")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .Output("received_splits: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(FirstDimUnknown(c, 0, 0));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("HorovodAlltoall keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedReducescatter")
+    .Attr("T: " TFRING_DTYPES) TFRING_REDUCTION_ATTRS TFRING_NAMED_ATTRS
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(FirstDimsUnknown)
+    .Doc("HorovodReducescatter keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedGroupedReducescatter")
+    .Attr("T: " TFRING_DTYPES) TFRING_REDUCTION_ATTRS TFRING_NAMED_ATTRS
+    .Attr("num_tensors: int")
+    .Input("tensors: num_tensors*T")
+    .Input("tensor_name: string")
+    .Output("output: num_tensors*T")
+    .SetIsStateful()
+    .SetShapeFn(FirstDimsUnknown)
+    .Doc("HorovodGroupedReducescatter keyed by the `tensor_name` input (eager mode).");
+
+REGISTER_OP("TfringNamedBarrier")
+    TFRING_NAMED_ATTRS
+    .Input("tensor_name: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("HorovodBarrier keyed by the `tensor_name` input (eager mode).");
 
 #define TFRING_SCALAR_OP(NAME, DOC)                                    \
   REGISTER_OP(NAME)                                                    \

@@ -19,7 +19,7 @@ from tfring.common.process_sets import (ProcessSet, add_process_set, global_proc
 from tfring.keras.values import (allgather, allreduce, broadcast, broadcast_global_variables,
                                  reducescatter)
 from tfring.tensorflow.compression import Compression
-from tfring.tensorflow.mpi_ops import Average, Max, Min, Product, Sum, barrier, join
+from tfring.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum, barrier, join
 from tfring.keras import callbacks
 from tfring.keras.optimizer import DistributedOptimizer, load_model
 from tfring.keras.sync_batch_norm import SyncBatchNormalization

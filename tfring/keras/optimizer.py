@@ -114,6 +114,8 @@ def _settings(compression=Compression.none, sparse_as_dense=False, gradient_pred
               groups=None, process_set=global_process_set, scale_local_gradients=True):
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1.")
+    if op == mpi_ops.Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients=True.")
     settings = dict(locals())
     # Fail now, not at the first step, on a bad op or predivide factor.
     GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor, groups,
@@ -140,7 +142,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         compression: Compression.none or Compression.fp16.
         sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
         gradient_predivide_factor: with op=Average, divide before the sum.
-        op: hvd.Average (default) or hvd.Sum.
+        op: hvd.Average (default), hvd.Sum or hvd.Adasum (gradients are
+            combined with Adasum; see tfring.tensorflow.allreduce).
         backward_passes_per_step: sum gradients locally over this many steps
             and update on every Nth.
         average_aggregated_gradients: divide that local sum by the number of steps.

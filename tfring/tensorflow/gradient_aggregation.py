@@ -20,7 +20,7 @@ class GradientReducer:
         compression: Compression.none or Compression.fp16.
         sparse_as_dense: reduce IndexedSlices as dense tensors (one allreduce)
             instead of two allgathers.
-        op: hvd.Average or hvd.Sum.
+        op: hvd.Average, hvd.Sum or hvd.Adasum (see mpi_ops.allreduce).
         gradient_predivide_factor: with Average, divide by this before the sum
             and by size/factor after, to keep large sums in range.
         groups: None, a number of groups, or a list of lists of variables; each
@@ -38,8 +38,9 @@ class GradientReducer:
     def __init__(self, compression=Compression.none, sparse_as_dense=False, op=mpi_ops.Average,
                  gradient_predivide_factor=1.0, groups=None, process_set=global_process_set,
                  local_variables=(), scale_local_gradients=True, name="DistributedGradients"):
-        if op not in (mpi_ops.Average, mpi_ops.Sum):
-            raise ValueError("Gradients can be reduced with op=hvd.Average or hvd.Sum only.")
+        if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):
+            raise ValueError("Gradients can be reduced with op=hvd.Average, hvd.Sum or "
+                             "hvd.Adasum only.")
         if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
             raise ValueError("gradient_predivide_factor needs op=hvd.Average.")
         if isinstance(groups, int) and groups <= 0:

@@ -45,7 +45,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
         device_dense, device_sparse: accepted for Horovod compatibility.
         compression: Compression.none or Compression.fp16.
         sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
-        op: hvd.Average (default) or hvd.Sum.
+        op: hvd.Average (default), hvd.Sum or hvd.Adasum (gradients are
+            combined with Adasum; see allreduce).
         gradient_predivide_factor: see GradientReducer.
         groups: None, a number of groups, or lists of variables reduced together.
         process_set: the ranks that reduce; on ranks outside it gradient()

@@ -69,10 +69,22 @@ def _default_name(prefix, tensor, name):
     return name
 
 
-def _key(name):
-    """The tensor_name attribute: eager execution drops op names, so an
-    explicit name is passed to the kernel this way. Graphs key by node name."""
-    return name if name is not None and tf.executing_eagerly() else ""
+def _collective(kind, *inputs, name=None, graph_name=None, **attrs):
+    """Runs the collective `kind` ("Allreduce", "GroupedAllgather", ...).
+
+    In graphs (tf.function, TF1) this is Horovod's op Horovod<kind>, keyed by
+    its node name `graph_name`, so graphs stay loadable by and from Horovod.
+    Eager execution drops op names, and TF's eager runtime keeps one kernel
+    per distinct set of attribute values for the life of the process: a key
+    passed as an attribute would cost a kernel (~35 KB) per distinct name. So
+    eager mode runs the twin TfringNamed<kind>, which takes the key as a
+    string input: `name`, else the Horovod op's name, as before.
+    """
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
+    if tf.executing_eagerly():
+        key = name if name is not None else f"Horovod{kind}"
+        return getattr(_ops(), f"tfring_named_{snake}")(*inputs, tf.constant(key), **attrs)
+    return getattr(_ops(), f"horovod_{snake}")(*inputs, name=graph_name, **attrs)
 
 
 def _check_dtype(tensor, what):
@@ -108,14 +120,35 @@ def _per_dtype(tensors, what, name, prefix, run):
 
 
 def _check_reduce_op(op, prescale_factor, postscale_factor, what):
-    if op == Adasum:
-        raise NotImplementedError("tfring does not implement Adasum yet; use op=Average or op=Sum.")
+    if op == Adasum and what.endswith("reducescatter"):
+        raise NotImplementedError(f"{what} does not support Adasum (Horovod neither); Adasum is "
+                                  "an allreduce. Use op=Average or op=Sum.")
     if op not in _OP_NAMES:
-        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, Sum, Min, Max or "
-                         "Product.")
-    if (prescale_factor != 1.0 or postscale_factor != 1.0) and op not in (Average, Sum):
-        raise ValueError(f"{what}: prescale/postscale factors need op=Average or op=Sum, "
+        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, Sum, Adasum, Min, "
+                         "Max or Product.")
+    if (prescale_factor != 1.0 or postscale_factor != 1.0) and op not in (Average, Sum, Adasum):
+        raise ValueError(f"{what}: prescale/postscale factors need op=Average, Sum or Adasum, "
                          f"not {_OP_NAMES[op]}.")
+
+
+ADASUM_DTYPES = (tf.float16, tf.float32, tf.float64)
+
+
+def _check_adasum(tensors, process_set):
+    """Refuses, before anything is submitted, what Horovod refuses for Adasum
+    on CPU: non-global process sets and a number of ranks that is not a power
+    of two (the pairwise tree needs one). Adasum combines floating-point
+    vectors only."""
+    for t in tensors:
+        if t.dtype.base_dtype not in ADASUM_DTYPES:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"tfring Adasum supports float16, float32 and float64 tensors, not "
+                f"{t.dtype.name}.")
+    if process_set.process_set_id != 0:
+        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+    n = process_set.size()
+    if n & (n - 1):
+        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
 
 
 def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
@@ -125,10 +158,13 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "allreduce")
     _check_reduce_op(op, prescale_factor, postscale_factor, "allreduce")
-    return _ops().horovod_allreduce(
-        tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
-        tensor_name=_key(name), name=_default_name("HorovodAllreduce", tensor, name))
+    if op == Adasum:
+        _check_adasum([tensor], process_set)
+    return _collective(
+        "Allreduce", tensor, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+        process_set_id=_process_set_id(process_set), name=name,
+        graph_name=_default_name("HorovodAllreduce", tensor, name))
 
 
 def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
@@ -136,13 +172,20 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
     """Allreduces a list of dense tensors as one request per dtype."""
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_allreduce")
+    if op == Adasum:
+        _check_adasum([tf.convert_to_tensor(t) for t in tensors], process_set)
     return _per_dtype(tensors, "grouped_allreduce", name, "HorovodGroupedAllreduce",
-                      lambda group, group_name: _ops().horovod_grouped_allreduce(
-                          group, reduce_op=op, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor,
+                      lambda group, group_name: _collective(
+                          "GroupedAllreduce", group, reduce_op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                           ignore_name_scope=ignore_name_scope,
                           process_set_id=_process_set_id(process_set),
-                          tensor_name=_key(group_name), name=group_name))
+                          name=group_name, graph_name=group_name))
+
+
+_ADASUM_SPARSE = ("Adasum does not support sparse tensors (tf.IndexedSlices); pass "
+                  "sparse_as_dense=True to the DistributedOptimizer or DistributedGradientTape, "
+                  "or convert them with tf.convert_to_tensor.")
 
 
 def _resolve_op(op, average, default=Average):
@@ -163,8 +206,18 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         average: deprecated; use op.
         device_dense, device_sparse: accepted for Horovod compatibility.
         compression: Compression.none (default) or Compression.fp16.
-        op: hvd.Average (default), Sum, Min, Max or Product. IndexedSlices
-            support Average and Sum only.
+        op: hvd.Average (default), Sum, Adasum, Min, Max or Product.
+            IndexedSlices support Average and Sum only. Adasum (adaptive
+            summation, Maleki et al. 2020) combines two ranks' tensors a, b
+            as (1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b, pairwise up a
+            binary tree of ranks: orthogonal gradients add up, parallel ones
+            are averaged, so it helps when large effective batches (many
+            ranks) would otherwise need a retuned learning rate, and it
+            changes nothing useful when gradients are nearly parallel
+            anyway. Apply it to gradients with the learning rate of a single
+            rank. It needs a power-of-two number of ranks, the global
+            process set and float16/32/64 tensors; each tensor of a grouped
+            or fused request gets its own coefficients.
         prescale_factor, postscale_factor: multiply before / after the sum.
         name: the collective's name; the same on every rank.
         process_set: the ranks taking part (default: all).
@@ -175,16 +228,22 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
     Raises:
         tf.errors.FailedPreconditionError: ranks disagree on shape, dtype or op.
-        tf.errors.InvalidArgumentError: unsupported dtype.
-        NotImplementedError: Adasum, or scale factors with IndexedSlices.
+        tf.errors.InvalidArgumentError: unsupported dtype (for Adasum: not
+            float16/32/64).
+        NotImplementedError: scale factors or Adasum with IndexedSlices;
+            Adasum on a number of ranks that is not a power of two, or on a
+            process set other than the global one.
 
     Example:
         >>> avg = hvd.allreduce(tf.constant([1.0, 2.0]) * (hvd.rank() + 1))
+        >>> combined = hvd.allreduce(grad, op=hvd.Adasum)  # 1, 2, 4, 8, ... ranks
     """
     from tfring.tensorflow.compression import Compression
     compression = compression or Compression.none
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
+        if op == Adasum:
+            raise NotImplementedError(_ADASUM_SPARSE)
         if op not in (Average, Sum):
             raise NotImplementedError("allreduce of IndexedSlices supports op=Average or Sum only.")
         if prescale_factor != 1.0 or postscale_factor != 1.0:
@@ -222,6 +281,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i in range(len(tensors)) if i not in sparse]
     results = [None] * len(tensors)
+    if sparse and op == Adasum:
+        raise NotImplementedError(_ADASUM_SPARSE)
     for i in sparse:
         results[i] = allreduce(tensors[i], op=op, process_set=process_set,
                                ignore_name_scope=ignore_name_scope)
@@ -256,19 +317,19 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     basics._require_init()
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "allgather")
-    return _ops().horovod_allgather(tensor, ignore_name_scope=ignore_name_scope,
-                                    process_set_id=_process_set_id(process_set),
-                                    tensor_name=_key(name), name=_default_name("HorovodAllgather", tensor, name))
+    return _collective("Allgather", tensor, ignore_name_scope=ignore_name_scope,
+                       process_set_id=_process_set_id(process_set), name=name,
+                       graph_name=_default_name("HorovodAllgather", tensor, name))
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Allgathers a list of tensors (one request per dtype). Returns a list."""
     basics._require_init()
     return _per_dtype(tensors, "grouped_allgather", name, "HorovodGroupedAllgather",
-                      lambda group, group_name: _ops().horovod_grouped_allgather(
-                          group, ignore_name_scope=ignore_name_scope,
+                      lambda group, group_name: _collective(
+                          "GroupedAllgather", group, ignore_name_scope=ignore_name_scope,
                           process_set_id=_process_set_id(process_set),
-                          tensor_name=_key(group_name), name=group_name))
+                          name=group_name, graph_name=group_name))
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
@@ -301,10 +362,10 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     basics._require_init()
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "broadcast")
-    return _ops().horovod_broadcast(tensor, root_rank=root_rank,
-                                    ignore_name_scope=ignore_name_scope,
-                                    process_set_id=_process_set_id(process_set),
-                                    tensor_name=_key(name), name=_default_name("HorovodBroadcast", tensor, name))
+    return _collective("Broadcast", tensor, root_rank=root_rank,
+                       ignore_name_scope=ignore_name_scope,
+                       process_set_id=_process_set_id(process_set), name=name,
+                       graph_name=_default_name("HorovodBroadcast", tensor, name))
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
@@ -335,10 +396,10 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                 "HorovodBroadcastInplace_" + _normalize_name(var.name)
         elif len(variables) > 1:
             op_name = f"{name}_{i}"
-        _ops().horovod_broadcast_inplace_resource(
-            var.handle, T=var.dtype.base_dtype, root_rank=root_rank,
+        _collective(
+            "BroadcastInplaceResource", var.handle, T=var.dtype.base_dtype, root_rank=root_rank,
             ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
-            tensor_name=_key(op_name), name=op_name)
+            name=op_name, graph_name=op_name)
     return variables
 
 
@@ -366,10 +427,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "alltoall")
     splits_t = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
-    out, received = _ops().horovod_alltoall(
-        tensor, splits_t, ignore_name_scope=ignore_name_scope,
-        process_set_id=_process_set_id(process_set),
-        tensor_name=_key(name), name=_default_name("HorovodAlltoall", tensor, name))
+    out, received = _collective(
+        "Alltoall", tensor, splits_t, ignore_name_scope=ignore_name_scope,
+        process_set_id=_process_set_id(process_set), name=name,
+        graph_name=_default_name("HorovodAlltoall", tensor, name))
     return out if splits is None else (out, received)
 
 
@@ -415,11 +476,11 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     _check_dtype(compressed, "reducescatter")
-    out = _ops().horovod_reducescatter(
-        compressed, reduce_op=op, prescale_factor=prescale_factor,
+    out = _collective(
+        "Reducescatter", compressed, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-        process_set_id=_process_set_id(process_set),
-        tensor_name=_key(name), name=_default_name("HorovodReducescatter", tensor, name))
+        process_set_id=_process_set_id(process_set), name=name,
+        graph_name=_default_name("HorovodReducescatter", tensor, name))
     return compression.decompress(out, ctx)
 
 
@@ -438,12 +499,12 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_reducescatter")
     return _per_dtype(tensors, "grouped_reducescatter", name, "HorovodGroupedReducescatter",
-                      lambda group, group_name: _ops().horovod_grouped_reducescatter(
-                          group, reduce_op=op, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor,
+                      lambda group, group_name: _collective(
+                          "GroupedReducescatter", group, reduce_op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                           ignore_name_scope=ignore_name_scope,
                           process_set_id=_process_set_id(process_set),
-                          tensor_name=_key(group_name), name=group_name))
+                          name=group_name, graph_name=group_name))
 
 
 def join(process_set=global_process_set):
@@ -469,7 +530,8 @@ def barrier(process_set=global_process_set, name=None):
         >>> hvd.barrier()
     """
     basics._require_init()
-    return _ops().horovod_barrier(process_set_id=_process_set_id(process_set), tensor_name=_key(name), name=name)
+    return _collective("Barrier", process_set_id=_process_set_id(process_set), name=name,
+                       graph_name=name)
 
 
 def size_op(process_set_id=0, name=None):
@@ -596,3 +658,19 @@ def _reducescatter_grad(op, grad):
 def _grouped_reducescatter_grad(op, *grads):
     gathered = grouped_allgather(list(grads), process_set=_set_from_op(op))
     return [_reducescatter_input_grad(op, g, x) for g, x in zip(grads, gathered)]
+
+
+def _register_eager_twin_gradients():
+    """The TfringNamed* ops (eager mode) differentiate like their Horovod
+    counterparts; their extra last input, the name, gets no gradient."""
+    for kind in ("Allreduce", "GroupedAllreduce", "Allgather", "GroupedAllgather", "Broadcast",
+                 "Alltoall", "Reducescatter", "GroupedReducescatter"):
+        horovod_grad = tf_ops.gradient_registry.lookup(f"Horovod{kind}")
+
+        def twin_grad(op, *grads, horovod_grad=horovod_grad):
+            out = horovod_grad(op, *grads)
+            return (list(out) if isinstance(out, (list, tuple)) else [out]) + [None]
+        tf_ops.RegisterGradient(f"TfringNamed{kind}")(twin_grad)
+
+
+_register_eager_twin_gradients()

@@ -142,7 +142,7 @@ def test_tensorflow_distributed_optimizer_routes_keras_optimizers():
     assert isinstance(opt, _DistributedMixin)
     with pytest.raises(ValueError, match="already"):
         hvd.DistributedOptimizer(opt)
-    with pytest.raises(ValueError, match="op=hvd.Average or hvd.Sum"):
+    with pytest.raises(ValueError, match="op=hvd.Average, hvd.Sum or hvd.Adasum"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(LR), op=hvd.Max)
 
 

@@ -317,8 +317,8 @@ def _slices():
 
 
 @pytest.mark.parametrize("case", [
-    "indexed_slices_max", "indexed_slices_min", "indexed_slices_scale", "adasum_grouped",
-    "adasum_reducescatter", "scale_with_min", "scale_with_product", "reducescatter_scale_with_max",
+    "indexed_slices_max", "indexed_slices_min", "indexed_slices_scale", "adasum_sparse",
+    "adasum_grouped_sparse", "adasum_reducescatter", "adasum_integer", "scale_with_min", "scale_with_product", "reducescatter_scale_with_max",
     "reducescatter_unknown_op"])
 def test_arguments_refused_locally(case):
     error, call, fragment = {
@@ -329,25 +329,33 @@ def test_arguments_refused_locally(case):
         "indexed_slices_scale": (NotImplementedError,
                                  lambda: hvd.allreduce(_slices(), op=hvd.Sum, postscale_factor=2.0),
                                  "allreduce of IndexedSlices does not support scale factors."),
-        "adasum_grouped": (NotImplementedError,
-                           lambda: hvd.grouped_allreduce([ones([2])], op=hvd.Adasum),
-                           "tfring does not implement Adasum yet"),
+        "adasum_sparse": (NotImplementedError, lambda: hvd.allreduce(_slices(), op=hvd.Adasum),
+                          "Adasum does not support sparse tensors (tf.IndexedSlices); pass "
+                          "sparse_as_dense=True"),
+        "adasum_grouped_sparse": (NotImplementedError,
+                                  lambda: hvd.grouped_allreduce([ones([2]), _slices()],
+                                                                op=hvd.Adasum),
+                                  "Adasum does not support sparse tensors"),
         "adasum_reducescatter": (NotImplementedError,
                                  lambda: hvd.reducescatter(ones([2]), op=hvd.Adasum),
-                                 "tfring does not implement Adasum yet"),
+                                 "reducescatter does not support Adasum"),
+        "adasum_integer": (tf.errors.InvalidArgumentError,
+                           lambda: hvd.allreduce(tf.ones([2], tf.int32), op=hvd.Adasum),
+                           "tfring Adasum supports float16, float32 and float64 tensors, not "
+                           "int32."),
         "scale_with_min": (ValueError,
                            lambda: hvd.allreduce(ones([2]), op=hvd.Min, postscale_factor=0.5),
-                           "allreduce: prescale/postscale factors need op=Average or op=Sum, "
-                           "not Min."),
+                           "allreduce: prescale/postscale factors need op=Average, Sum or "
+                           "Adasum, not Min."),
         "scale_with_product": (ValueError,
                                lambda: hvd.allreduce(ones([2]), op=hvd.Product,
                                                      prescale_factor=2.0),
-                               "need op=Average or op=Sum, not Product."),
+                               "need op=Average, Sum or Adasum, not Product."),
         "reducescatter_scale_with_max": (ValueError,
                                          lambda: hvd.reducescatter(ones([2]), op=hvd.Max,
                                                                    prescale_factor=2.0),
                                          "reducescatter: prescale/postscale factors need "
-                                         "op=Average or op=Sum, not Max."),
+                                         "op=Average, Sum or Adasum, not Max."),
         "reducescatter_unknown_op": (ValueError, lambda: hvd.reducescatter(ones([2]), op=17),
                                      "reducescatter: unknown reduce op 17"),
     }[case]

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tfring.tensorflow as hvd
+from error_helpers import Background
 from tf_helpers import DTYPES, assert_close, rank_values, run
 
 REDUCTIONS = {
@@ -90,6 +91,45 @@ def test_grouped_allreduce_mixed_dtypes(mode, rank, size):
     assert_close(a, expected_reduction(hvd.Sum, tf.float32, size), tf.float32)
     assert_close(b, expected_reduction(hvd.Sum, tf.int64, size), tf.int64)
     assert_close(c, expected_reduction(hvd.Sum, tf.float32, size, (5,)), tf.float32)
+
+
+def test_unnamed_eager_groups_of_different_sizes_with_the_response_cache(size):
+    """Issue 8, item 2: every unnamed eager group is named after the op, so
+    member _0 of both groups shares one response-cache entry. From step 1 on,
+    the 3-group's _0 missed the cache while _1 and _2 hit, and the group hung
+    at np >= 2 (the coordinator waited for members that had run from the
+    cache). The sequence runs on a thread so that a hang fails the test."""
+    def steps():
+        out = []
+        for s in range(3):
+            one = hvd.grouped_allreduce([tf.ones([5])])
+            three = hvd.grouped_allreduce([tf.ones([5])] * 3)
+            out.append([t.numpy() for t in one + three])
+        return out
+
+    job = Background(steps).wait(120)
+    assert job.error is None, job.error
+    assert len(job.value) == 3
+    for step in job.value:
+        for value in step:
+            np.testing.assert_array_equal(value, np.ones([5]))
+
+
+def test_unnamed_eager_group_with_one_member_changing_shape(rank, size):
+    """One member of a cached group changes shape every step while the others
+    still match their cache entries: the group must still run as one."""
+    def steps():
+        out = []
+        for s in range(4):
+            tensors = [tf.fill([2 + s % 2], float(rank + 1)), tf.fill([3], float(rank + s))]
+            out.append([t.numpy() for t in hvd.grouped_allreduce(tensors, op=hvd.Sum)])
+        return out
+
+    job = Background(steps).wait(120)
+    assert job.error is None, job.error
+    for s, (first, second) in enumerate(job.value):
+        np.testing.assert_array_equal(first, np.full([2 + s % 2], sum(range(1, size + 1))))
+        np.testing.assert_array_equal(second, np.full([3], sum(r + s for r in range(size))))
 
 
 def test_allgather_every_dtype(mode, rank, size):

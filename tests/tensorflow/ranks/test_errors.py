@@ -104,9 +104,9 @@ def test_unsupported_dtype_is_local_invalid_argument():
 
 
 def test_invalid_arguments_raise_before_any_collective():
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(tf.ones([2]), op=hvd.Adasum)
-    with pytest.raises(ValueError, match="need op=Average or op=Sum"):
+    with pytest.raises(NotImplementedError, match="reducescatter does not support Adasum"):
+        hvd.reducescatter(tf.ones([2]), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="need op=Average, Sum or Adasum"):
         hvd.allreduce(tf.ones([2]), op=hvd.Max, prescale_factor=2.0)
     with pytest.raises(ValueError, match="unknown reduce op"):
         hvd.allreduce(tf.ones([2]), op=42)

@@ -5,6 +5,7 @@
 #define TFRING_COMMON_OPS_DATA_PLANE_H
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "../common.h"
@@ -33,6 +34,12 @@ class DataPlane {
   virtual Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                                DataType dtype, ReduceOp op) = 0;
   virtual Status Barrier() = 0;
+  // Adasum (ops/adasum.h) in place over tensors of counts[i] elements laid
+  // out back to back. Planes that cannot run it say so.
+  virtual Status Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) {
+    return Status::InvalidArgument(std::string("tfring: the ") + name() +
+                                   " data plane cannot run Adasum");
+  }
 };
 
 }  // namespace tfring

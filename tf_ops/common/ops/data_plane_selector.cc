@@ -53,4 +53,10 @@ Status DataPlaneSelector::Barrier() {
   return mpi_->Barrier();
 }
 
+Status DataPlaneSelector::Adasum(void* buffer, const std::vector<int64_t>& counts,
+                                 DataType dtype) {
+  last_used_ = mpi_->name();
+  return mpi_->Adasum(buffer, counts, dtype);
+}
+
 }  // namespace tfring

@@ -43,6 +43,8 @@ class DataPlaneSelector : public DataPlane {
   Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) override;
   Status Barrier() override;
+  // Always on the MPI plane (pairwise messages; see ops/adasum.h).
+  Status Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) override;
 
  private:
   DataPlane* Pick(int64_t bytes);

@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "../mpi/mpi_point_to_point.h"
+
 namespace tfring {
 namespace {
 
@@ -107,6 +109,15 @@ Status MPIDataPlane::Barrier() {
   TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Ibarrier(comm_->get(), &req), "Ibarrier"));
   // A barrier can wait long on a slow rank: sleep between polls.
   return comm_->Wait(&req, "Ibarrier", false);
+}
+
+Status MPIDataPlane::Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) {
+  if (!adasum_p2p_) {
+    MPI_Comm dup;
+    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Comm_dup(comm_->get(), &dup), "Comm_dup (Adasum)"));
+    adasum_p2p_.reset(new MPIPointToPoint(std::make_shared<MPICommunicator>(dup, comm_->monitor())));
+  }
+  return AdasumAllreduce(adasum_p2p_.get(), buffer, counts, dtype, &adasum_scratch_);
 }
 
 }  // namespace tfring

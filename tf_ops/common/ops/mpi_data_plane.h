@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "../mpi/mpi_context.h"
+#include "adasum.h"
 #include "data_plane.h"
 
 namespace tfring {
@@ -23,9 +24,14 @@ class MPIDataPlane : public DataPlane {
   Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) override;
   Status Barrier() override;
+  Status Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) override;
 
  private:
   std::shared_ptr<MPICommunicator> comm_;
+  // Adasum's pairwise exchanges, on a private duplicate of comm_ made at the
+  // first Adasum (every rank of the set runs it in the same order).
+  std::unique_ptr<PointToPoint> adasum_p2p_;
+  std::vector<char> adasum_scratch_;
 };
 
 }  // namespace tfring

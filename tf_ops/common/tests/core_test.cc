@@ -2,16 +2,24 @@
 // MPI: message serialization, fusion planning, the coordinator's validation
 // and ordering, and the element-wise arithmetic. Built and run by
 // tests/common/test_core_cpp.py (and by Bazel as //tf_ops:core_test).
+#include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <random>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../controller.h"
 #include "../fusion_buffer.h"
 #include "../message.h"
+#include "../ops/adasum.h"
 #include "../reduction.h"
 #include "../response_cache.h"
 
@@ -343,6 +351,383 @@ static void TestArithmetic() {
   CHECK(!ReduceInto(a, b, 3, DataType::INT32, ReduceOp::AVERAGE).ok());
 }
 
+
+// --- Several controllers in threads, joined by an in-memory transport, so
+// the response cache's protocol (bit allreduce + coordinator) runs for real.
+
+// One all-gather of byte strings per call; every transport call maps to it.
+class Exchange {
+ public:
+  explicit Exchange(int n) : n_(n), slots_(n) {}
+  std::vector<std::string> AllGather(int rank, std::string mine) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return leaving_ == 0; });  // the last round is read
+    slots_[rank] = std::move(mine);
+    if (++arrived_ == n_) {
+      result_ = slots_;
+      arrived_ = 0;
+      leaving_ = n_;
+      ++round_;
+      cv_.notify_all();
+    } else {
+      const uint64_t round = round_;
+      cv_.wait(lock, [&] { return round_ != round; });
+    }
+    std::vector<std::string> out = result_;
+    if (--leaving_ == 0) cv_.notify_all();
+    return out;
+  }
+
+ private:
+  int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> slots_, result_;
+  int arrived_ = 0, leaving_ = 0;
+  uint64_t round_ = 0;
+};
+
+class ThreadedController : public Controller {
+ public:
+  ThreadedController(int rank, int size, const Config& config, Exchange* ex)
+      : Controller(rank, Ranks(size), config), ex_(ex) {}
+  int negotiations = 0;  // cycles that went to the coordinator
+
+ protected:
+  Status GatherRequests(const std::string& mine, std::vector<std::string>* all) override {
+    ++negotiations;
+    *all = ex_->AllGather(rank(), mine);
+    return Status::OK();
+  }
+  Status BroadcastResponses(std::string* bytes) override {
+    *bytes = ex_->AllGather(rank(), *bytes)[0];
+    return Status::OK();
+  }
+  Status AllreduceBitsAnd(std::vector<uint64_t>* words) override {
+    std::string mine(reinterpret_cast<const char*>(words->data()), words->size() * 8);
+    for (const std::string& other : ex_->AllGather(rank(), mine)) {
+      for (size_t i = 0; i < words->size(); ++i) {
+        uint64_t w;
+        std::memcpy(&w, other.data() + 8 * i, 8);
+        (*words)[i] &= w;
+      }
+    }
+    return Status::OK();
+  }
+
+ private:
+  static std::vector<int> Ranks(int n) {
+    std::vector<int> r;
+    for (int i = 0; i < n; ++i) r.push_back(i);
+    return r;
+  }
+  Exchange* ex_;
+};
+
+// A rank's script: steps run one after another, like eager collectives that
+// each wait for their result. A step's batches are submitted in consecutive
+// cycles (a kernel enqueuing a group's members while a cycle runs).
+using Batches = std::vector<std::vector<Request>>;
+struct RankResult {
+  size_t steps_done = 0;
+  std::map<std::string, Response> responses;  // by tensor name, the last one
+  int negotiations = 0;                        // cycles that went to the coordinator
+};
+
+// Runs every rank's script for `cycles` cycles (the same on every rank, as
+// the real background loops stay in lockstep); a hang shows up as a script
+// that did not finish.
+static std::vector<RankResult> RunJob(const std::vector<std::vector<Batches>>& scripts,
+                                      int64_t cache_capacity, int cycles = 400) {
+  const int n = static_cast<int>(scripts.size());
+  Exchange ex(n);
+  Config config;
+  config.cache_capacity = cache_capacity;
+  std::vector<RankResult> results(n);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      ThreadedController c(rank, n, config, &ex);
+      RankResult& res = results[rank];
+      size_t batch = 0;
+      std::vector<std::string> waiting;
+      for (int cycle = 0; cycle < cycles; ++cycle) {
+        RequestList mine;
+        if (res.steps_done < scripts[rank].size()) {
+          const Batches& step = scripts[rank][res.steps_done];
+          if (batch < step.size()) {
+            for (Request r : step[batch]) {
+              r.request_rank = rank;
+              waiting.push_back(r.name);
+              mine.requests.push_back(r);
+            }
+            ++batch;
+          }
+        }
+        ResponseList out;
+        Status s = c.ComputeResponseList(mine, &out);
+        CHECK(s.ok());
+        for (const Response& r : out.responses) {
+          for (const std::string& name : r.tensor_names) {
+            res.responses[name] = r;
+            waiting.erase(std::remove(waiting.begin(), waiting.end(), name), waiting.end());
+          }
+        }
+        if (res.steps_done < scripts[rank].size() &&
+            batch == scripts[rank][res.steps_done].size() && waiting.empty()) {
+          ++res.steps_done;
+          batch = 0;
+        }
+      }
+      res.negotiations = c.negotiations;
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+static Request Member(const std::string& group, int index, int size, TensorShape shape = {5}) {
+  Request r = Req(0, group + "_" + std::to_string(index), CollectiveType::ALLREDUCE,
+                  DataType::FLOAT32, shape);
+  r.group_name = group;
+  r.group_size = size;
+  r.group_index = index;
+  return r;
+}
+
+static bool AllSucceeded(const RankResult& r) {
+  for (const auto& kv : r.responses) {
+    if (kv.second.type != ResponseType::COLLECTIVE) return false;
+  }
+  return true;
+}
+
+static void TestCacheWithGroups() {
+  // Issue 8, item 2: unnamed eager grouped allreduces of 1 and then 3 tensors
+  // share the group name (the op's), so member _0 of both is one cache key.
+  // From step 1 the 3-group's _0 misses (its entry holds the 1-group's) while
+  // _1 and _2 hit: the group must still run as one, on every rank.
+  for (int n : {2, 3}) {
+    std::vector<Batches> steps;
+    for (int s = 0; s < 3; ++s) {
+      steps.push_back({{Member("HorovodGroupedAllreduce", 0, 1)}});
+      steps.push_back({{Member("HorovodGroupedAllreduce", 0, 3),
+                        Member("HorovodGroupedAllreduce", 1, 3),
+                        Member("HorovodGroupedAllreduce", 2, 3)}});
+    }
+    auto results = RunJob(std::vector<std::vector<Batches>>(n, steps), 1024);
+    for (const auto& r : results) {
+      CHECK(r.steps_done == steps.size());
+      CHECK(AllSucceeded(r));
+    }
+    // With the cache off the same script runs too (the reference behaviour).
+    results = RunJob(std::vector<std::vector<Batches>>(n, steps), 0);
+    for (const auto& r : results) CHECK(r.steps_done == steps.size());
+  }
+
+  {
+    // One member changes shape between steps (the others stay cached), and
+    // one rank submits its members over two cycles.
+    std::vector<Batches> steps0, steps1;
+    for (int s = 0; s < 4; ++s) {
+      TensorShape a = s % 2 ? TensorShape{8} : TensorShape{4};
+      steps0.push_back({{Member("g", 0, 3, a), Member("g", 1, 3), Member("g", 2, 3)}});
+      steps1.push_back({{Member("g", 0, 3, a)}, {}, {Member("g", 1, 3), Member("g", 2, 3)}});
+    }
+    auto results = RunJob({steps0, steps1}, 1024);
+    for (const auto& r : results) {
+      CHECK(r.steps_done == steps0.size());
+      CHECK(AllSucceeded(r));
+    }
+  }
+
+  {
+    // Steady state: a group that never changes hits the cache and needs no
+    // coordinator after the first step.
+    std::vector<Batches> steps(6, Batches{{Member("g", 0, 2), Member("g", 1, 2)}});
+    auto results = RunJob({steps, steps}, 1024);
+    for (const auto& r : results) {
+      CHECK(r.steps_done == steps.size() && AllSucceeded(r));
+      CHECK(r.responses.at("g_0").tensor_names.size() == 2);  // fused, as one group
+      CHECK(r.negotiations == 1);
+    }
+  }
+
+  {
+    // Only rank 1 changes a member: its group goes to the coordinator while
+    // rank 0's members all hit. Every member of the group gets an error on
+    // every rank (nothing hangs), and the next step works.
+    std::vector<Batches> steps0 = {{{Member("g", 0, 2), Member("g", 1, 2)}},
+                                   {{Member("g", 0, 2), Member("g", 1, 2)}},
+                                   {{Member("h", 0, 1)}}};
+    std::vector<Batches> steps1 = steps0;
+    steps1[1] = {{Member("g", 0, 2), Member("g", 1, 2, {6})}};
+    auto results = RunJob({steps0, steps1}, 1024);
+    for (const auto& r : results) {
+      CHECK(r.steps_done == 3);
+      CHECK(r.responses.at("g_0").type == ResponseType::ERROR);
+      CHECK(r.responses.at("g_1").type == ResponseType::ERROR);
+      CHECK(Contains(r.responses.at("g_1").error_message, "Mismatched ALLREDUCE tensor shapes"));
+      CHECK(r.responses.at("h_0").type == ResponseType::COLLECTIVE);
+    }
+  }
+
+  {
+    // A cache too small for the working set: the least recently used slot
+    // is reused for another tensor, evicting one member of a cached group.
+    std::vector<Batches> steps;
+    for (int s = 0; s < 5; ++s) {
+      steps.push_back({{Member("g", 0, 2), Member("g", 1, 2)}});
+      steps.push_back({{Req(0, "single_" + std::to_string(s % 2))}});
+    }
+    auto results = RunJob({steps, steps, steps}, 2);
+    for (const auto& r : results) CHECK(r.steps_done == steps.size() && AllSucceeded(r));
+  }
+}
+
+// --- Adasum over threads that exchange bytes through mailboxes.
+
+class Mailboxes {
+ public:
+  void Send(int from, int to, std::string bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    boxes_[{from, to}].push_back(std::move(bytes));
+    cv_.notify_all();
+  }
+  std::string Receive(int from, int to) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto& box = boxes_[{from, to}];
+    cv_.wait(lock, [&] { return !box.empty(); });
+    std::string out = std::move(box.front());
+    box.pop_front();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<int, int>, std::deque<std::string>> boxes_;
+};
+
+class ThreadPointToPoint : public PointToPoint {
+ public:
+  ThreadPointToPoint(int rank, int size, Mailboxes* boxes) : rank_(rank), size_(size), boxes_(boxes) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Status SendRecv(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes,
+                  int peer) override {
+    boxes_->Send(rank_, peer, std::string(static_cast<const char*>(send), send_bytes));
+    std::string got = boxes_->Receive(peer, rank_);
+    if (static_cast<int64_t>(got.size()) != recv_bytes) return Status::Unknown("size mismatch");
+    if (recv_bytes > 0) std::memcpy(recv, got.data(), recv_bytes);
+    return Status::OK();
+  }
+
+ private:
+  int rank_, size_;
+  Mailboxes* boxes_;
+};
+
+// The pairwise formula, tensor by tensor, in double.
+static std::vector<double> AdasumPair(const std::vector<double>& a, const std::vector<double>& b,
+                                      const std::vector<int64_t>& counts) {
+  std::vector<double> out(a.size());
+  int64_t off = 0;
+  for (int64_t c : counts) {
+    double dot = 0, aa = 0, bb = 0;
+    for (int64_t j = off; j < off + c; ++j) {
+      dot += a[j] * b[j];
+      aa += a[j] * a[j];
+      bb += b[j] * b[j];
+    }
+    const double ca = aa > 0 ? 1 - dot / (2 * aa) : 1, cb = bb > 0 ? 1 - dot / (2 * bb) : 1;
+    for (int64_t j = off; j < off + c; ++j) out[j] = ca * a[j] + cb * b[j];
+    off += c;
+  }
+  return out;
+}
+
+// Runs AdasumAllreduce on `inputs.size()` threads; returns each rank's buffer.
+template <typename T>
+static std::vector<std::vector<T>> RunAdasum(const std::vector<std::vector<T>>& inputs,
+                                             const std::vector<int64_t>& counts, DataType dtype,
+                                             std::vector<Status>* statuses) {
+  const int n = static_cast<int>(inputs.size());
+  Mailboxes boxes;
+  std::vector<std::vector<T>> bufs = inputs;
+  statuses->assign(n, Status::OK());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ThreadPointToPoint p2p(r, n, &boxes);
+      std::vector<char> scratch;
+      (*statuses)[r] = AdasumAllreduce(&p2p, bufs[r].data(), counts, dtype, &scratch);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return bufs;
+}
+
+static void TestAdasum() {
+  const std::vector<int64_t> counts = {5, 0, 3, 17, 1, 64};
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::mt19937 gen(7);
+  std::normal_distribution<double> normal;
+  for (int n : {1, 2, 4, 8}) {
+    std::vector<std::vector<double>> inputs(n, std::vector<double>(total));
+    for (auto& v : inputs)
+      for (auto& x : v) x = normal(gen);
+    // The binary tree the algorithm computes: pairs at distance 1, then 2, ...
+    std::vector<std::vector<double>> tree = inputs;
+    for (int d = 1; d < n; d <<= 1)
+      for (int r = 0; r < n; r += 2 * d) tree[r] = AdasumPair(tree[r], tree[r + d], counts);
+    std::vector<Status> st;
+    auto out = RunAdasum(inputs, counts, DataType::FLOAT64, &st);
+    for (int r = 0; r < n; ++r) {
+      CHECK(st[r].ok());
+      CHECK(out[r] == out[0]);  // the same bits everywhere
+      for (int64_t j = 0; j < total; ++j) CHECK(std::fabs(out[r][j] - tree[0][j]) < 1e-9);
+    }
+    std::vector<std::vector<float>> inputs32(n);
+    for (int r = 0; r < n; ++r) inputs32[r].assign(inputs[r].begin(), inputs[r].end());
+    auto out32 = RunAdasum(inputs32, counts, DataType::FLOAT32, &st);
+    for (int r = 0; r < n; ++r) {
+      CHECK(st[r].ok() && out32[r] == out32[0]);
+      for (int64_t j = 0; j < total; ++j) CHECK(std::fabs(out32[r][j] - tree[0][j]) < 1e-4);
+    }
+    std::vector<std::vector<uint16_t>> inputs16(n, std::vector<uint16_t>(total));
+    for (int r = 0; r < n; ++r)
+      for (int64_t j = 0; j < total; ++j) inputs16[r][j] = FloatToHalf(static_cast<float>(inputs[r][j]));
+    auto out16 = RunAdasum(inputs16, counts, DataType::FLOAT16, &st);
+    for (int r = 0; r < n; ++r) {
+      CHECK(st[r].ok() && out16[r] == out16[0]);
+      for (int64_t j = 0; j < total; ++j)
+        CHECK(std::fabs(HalfToFloat(out16[r][j]) - tree[0][j]) < 0.05 * (1 + std::fabs(tree[0][j])));
+    }
+  }
+  {
+    // Orthogonal vectors add up; equal ones are kept as they are (not doubled).
+    std::vector<std::vector<double>> in = {{1, 0, 2, 2}, {0, 3, 2, 2}};
+    std::vector<Status> st;
+    auto out = RunAdasum(in, {2, 2}, DataType::FLOAT64, &st);
+    CHECK((out[0] == std::vector<double>{1, 3, 2, 2}));
+    // A zero vector leaves the other one as it is.
+    in = {{0, 0}, {4, 5}};
+    out = RunAdasum(in, {2}, DataType::FLOAT64, &st);
+    CHECK((out[1] == std::vector<double>{4, 5}));
+  }
+  {
+    std::vector<Status> st;
+    std::vector<std::vector<double>> in(3, std::vector<double>(4, 1.0));
+    RunAdasum(in, {4}, DataType::FLOAT64, &st);
+    CHECK(!st[0].ok() && Contains(st[0].message(), "power-of-two number of ranks"));
+    std::vector<std::vector<int32_t>> ints(2, std::vector<int32_t>(4, 1));
+    RunAdasum(ints, {4}, DataType::INT32, &st);
+    CHECK(!st[0].ok() && Contains(st[0].message(), "not int32"));
+  }
+}
+
 static void TestResponseCache() {
   ResponseCache cache(2);
   auto response = [](const std::string& name, int64_t n) {
@@ -379,6 +764,8 @@ static void TestResponseCache() {
 
 int main() {
   TestResponseCache();
+  TestCacheWithGroups();
+  TestAdasum();
   TestSerialization();
   TestFusionLayout();
   TestReadinessAndOrder();
