@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
 from tfring.common import basics, loader
-from tfring.common.process_sets import global_process_set
+from tfring.common.process_sets import global_process_set, registered_id
 
 # Reduce ops: the same numbering as Horovod (and as the reduce_op attribute).
 Average = 0
@@ -84,9 +84,7 @@ def _check_dtype(tensor, what):
 
 
 def _process_set_id(process_set):
-    if process_set.process_set_id is None:
-        raise ValueError(f"{process_set!r} is not registered; call hvd.add_process_set() first.")
-    return process_set.process_set_id
+    return registered_id(process_set)
 
 
 def _per_dtype(tensors, what, name, prefix, run):
@@ -309,7 +307,18 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                ignore_name_scope=False):
-    """Overwrites resource variables in place with the root rank's values.
+    """Overwrites variables in place with the root rank's values.
+
+    Resource variables (TF2 and Keras variables) are written in place by one
+    op each, which holds the variable's lock until the broadcast is done. TF1
+    reference variables (graph mode with resource variables disabled) have no
+    resource handle: they are assigned the broadcast value instead.
+
+    Args:
+        variables: variables in the same order on every rank.
+        root_rank: the rank whose values win.
+        name: the collectives' name (suffixed _0, _1, ... for several).
+        process_set, ignore_name_scope: as for broadcast().
 
     Args:
         variables: resource variables, the same list on every rank.
@@ -317,7 +326,12 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
         name, process_set, ignore_name_scope: as for broadcast().
 
     Returns:
-        The variables.
+        The variables' values after the broadcast, one tensor each (as
+        Horovod). In TF1 graph mode, running them does the broadcast.
+
+    Raises:
+        tf.errors.InvalidArgumentError: a variable's dtype is not supported.
+        tf.errors.FailedPreconditionError: ranks' variables disagree in shape or dtype.
 
     Raises:
         tf.errors.FailedPreconditionError: as for broadcast().
@@ -327,6 +341,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
     """
     basics._require_init()
     variables = list(variables)
+    values = []
     for i, var in enumerate(variables):
         _check_dtype(var, "broadcast_")
         op_name = name
@@ -335,11 +350,20 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                 "HorovodBroadcastInplace_" + _normalize_name(var.name)
         elif len(variables) > 1:
             op_name = f"{name}_{i}"
-        _ops().horovod_broadcast_inplace_resource(
+        if not hasattr(var, "handle"):
+            # A RefVariable: broadcast its value and assign the result.
+            values.append(tf.identity(tf.compat.v1.assign(
+                var, broadcast(var, root_rank, name=op_name, ignore_name_scope=ignore_name_scope,
+                               process_set=process_set))))
+            continue
+        op = _ops().horovod_broadcast_inplace_resource(
             var.handle, T=var.dtype.base_dtype, root_rank=root_rank,
             ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
             tensor_name=_key(op_name), name=op_name)
-    return variables
+        # A graph needs the read ordered after the broadcast; eagerly it already is.
+        with tf.control_dependencies([op] if op is not None else []):
+            values.append(tf.identity(var))
+    return values
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
