@@ -380,8 +380,12 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         (received tensor, received_splits).
 
     Raises:
-        tf.errors.FailedPreconditionError: splits do not add up, or ranks
-            disagree on dtype or trailing dims.
+        tf.errors.InvalidArgumentError: on this rank, at once (before anything
+            is sent): splits that do not add up to the first dimension, do not
+            have one entry per rank of the set, or are negative; without
+            splits, a first dimension not divisible by the number of ranks.
+        tf.errors.FailedPreconditionError: ranks disagree on dtype or trailing dims.
+        ValueError: the process set is not registered.
 
     Example:
         >>> out, received = hvd.alltoall(tf.range(4), splits=[1, 3])

@@ -145,3 +145,13 @@ def test_process_set_errors(rank, size):
                  ghost.size, ghost.rank, ghost.included):
         with pytest.raises(ValueError, match="this job has no process set with id 99"):
             call()
+
+
+def test_graph_run_after_its_process_set_was_removed(size):
+    ps = hvd.add_process_set(list(range(size)))
+    with tf.Graph().as_default():
+        out = hvd.allreduce(tf.ones([1]), op=hvd.Sum, process_set=ps)
+        assert hvd.remove_process_set(ps)
+        with tf.compat.v1.Session() as sess, pytest.raises(
+                tf.errors.InvalidArgumentError, match="there is no process set with id"):
+            sess.run(out)
