@@ -76,11 +76,13 @@ def _key(name):
 
 
 def _check_dtype(tensor, what):
-    if tensor.dtype.base_dtype not in SUPPORTED_DTYPES:
+    # tf.as_dtype: a Keras 3 variable's dtype is a string such as "float32".
+    dtype = tf.as_dtype(tensor.dtype).base_dtype
+    if dtype not in SUPPORTED_DTYPES:
         supported = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise tf.errors.InvalidArgumentError(
             None, None,
-            f"tfring {what} does not support dtype {tensor.dtype.name}; supported: {supported}.")
+            f"tfring {what} does not support dtype {dtype.name}; supported: {supported}.")
 
 
 def _process_set_id(process_set):
@@ -357,7 +359,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                                process_set=process_set))))
             continue
         op = _ops().horovod_broadcast_inplace_resource(
-            var.handle, T=var.dtype.base_dtype, root_rank=root_rank,
+            var.handle, T=tf.as_dtype(var.dtype).base_dtype, root_rank=root_rank,
             ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
             tensor_name=_key(op_name), name=op_name)
         # A graph needs the read ordered after the broadcast; eagerly it already is.
