@@ -103,10 +103,14 @@ def test_optimizers_match_single_process(rank, size, kind):
 def model_with_local_part(rank):
     """x -> shared(x) + local(x): `shared` (kernel w, bias b) is reduced, the
     bias-free `local` layer (kernel u, zeros at first) is each rank's own."""
-    inputs = keras.Input((FEATURES,))
+    # Every name is given: the graph-mode collectives are keyed by tensor
+    # names, which contain Keras's automatic names, and earlier tests of the
+    # suite build models on rank 0 only (which advances its name counters).
+    inputs = keras.Input((FEATURES,), name="local_part_input")
     shared = keras.layers.Dense(1, name="shared")
     local = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="local")
-    model = keras.Model(inputs, keras.layers.Add()([shared(inputs), local(inputs)]))
+    added = keras.layers.Add(name="local_part_add")([shared(inputs), local(inputs)])
+    model = keras.Model(inputs, added, name="local_part_model")
     shared.set_weights(list(initial_weights(rank)))
     return model, shared, local
 
