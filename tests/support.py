@@ -17,6 +17,14 @@ def tfringrun(np_, args, timeout=300, env=None, extra=()):
                           stderr=subprocess.STDOUT, text=True, timeout=timeout + 60)
 
 
+def run_python(code, timeout=120, env=None):
+    """Runs `code` in a fresh single-process Python (no launcher) from the
+    repository root; returns the CompletedProcess (stdout and stderr apart)."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def run_rank_suite(np_, suite_dir, timeout=600, env=None):
     """Runs a */ranks/ pytest suite on every rank and fails with each rank's
     report if any rank failed."""

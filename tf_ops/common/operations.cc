@@ -705,6 +705,45 @@ bool MPIThreadsSupported() {
   return st.backend && st.backend->threads_supported();
 }
 
+namespace {
+
+// An alltoall's rows and splits are this rank's own arguments: checking them
+// here fails the call at once with InvalidArgument (as Horovod does), before
+// anything is sent, instead of a FailedPrecondition for every rank after
+// negotiation. `set_size` is the number of ranks in the process set.
+Status CheckAlltoallArguments(const TensorTableEntry& e, int set_size, int rank) {
+  if (e.shape.empty()) {
+    return Status::InvalidArgument("tfring: alltoall needs a tensor with at least one dimension");
+  }
+  const std::string quoted = "'" + e.name + "'";
+  const int64_t rows = e.shape[0];
+  if (e.splits.empty()) {
+    if (rows % set_size != 0) {
+      return Status::InvalidArgument(
+          "ALLTOALL of tensor " + quoted + " without splits needs a first dimension divisible "
+          "by the number of ranks (" + std::to_string(set_size) + "), but rank " +
+          std::to_string(rank) + " sent shape " + ShapeString(e.shape) + ".");
+    }
+    return Status::OK();
+  }
+  int64_t total = 0;
+  bool negative = false;
+  for (int64_t s : e.splits) {
+    total += s;
+    negative |= s < 0;
+  }
+  if (static_cast<int>(e.splits.size()) != set_size || negative || total != rows) {
+    return Status::InvalidArgument(
+        "Invalid ALLTOALL splits for tensor " + quoted + " on rank " + std::to_string(rank) +
+        ": splits " + ShapeString(e.splits) + " must have one non-negative entry per rank (" +
+        std::to_string(set_size) + ") adding up to the first dimension " +
+        std::to_string(rows) + ".");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
   GlobalState& st = state();
   std::lock_guard<std::mutex> lock(st.enqueue_mu);
@@ -724,6 +763,10 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
     return Status::InvalidArgument("tfring: rank " + std::to_string(st.topo.rank) +
                                    " is not a member of process set " +
                                    std::to_string(process_set_id) + " (ranks [" + ranks + "])");
+  }
+  if (entry.type == CollectiveType::ALLTOALL) {
+    TFRING_RETURN_IF_ERROR(
+        CheckAlltoallArguments(entry, static_cast<int>(ps->ranks.size()), st.topo.rank));
   }
   if (st.timeline.enabled()) st.timeline.NegotiateStart(entry.name, CollectiveName(entry.type));
   TFRING_RETURN_IF_ERROR(ps->queue.Add(std::move(entry), ps->rank));

@@ -244,14 +244,17 @@ def mpi_enabled():
 
 
 def mpi_built():
+    """True: the library is always built against MPI."""
     return True
 
 
 def gloo_enabled():
+    """False: tfring has no Gloo controller."""
     return False
 
 
 def gloo_built():
+    """False: tfring has no Gloo controller."""
     return False
 
 
@@ -261,8 +264,20 @@ def nccl_built():
 
 
 def cuda_built():
+    """True when the library was built with CUDA, which tfring uses only for NCCL."""
     return nccl_built()
 
 
 def rocm_built():
+    """False: tfring has no ROCm build."""
+    return False
+
+
+def ccl_built():
+    """False: tfring has no oneCCL data plane."""
+    return False
+
+
+def ddl_built():
+    """False: tfring has no IBM DDL data plane."""
     return False

@@ -36,6 +36,8 @@ class ProcessSet:
             raise ValueError(
                 f"{self!r} has not been registered; call hvd.add_process_set() on every rank "
                 "first (or pass it to hvd.init(process_sets=[...])).")
+        basics._require_init()
+        registered_id(self)
         code, message, rank, ranks = basics._core().process_set_info(self.process_set_id)
         basics.raise_for_status(code, message)
         return rank, ranks
@@ -70,6 +72,25 @@ class _GlobalProcessSet(ProcessSet):
 
 
 global_process_set = _GlobalProcessSet()
+
+
+def registered_id(process_set):
+    """The id of a set this job knows, for a collective to use.
+
+    Raises:
+        ValueError: the set was never added, was removed, or was added before
+            a shutdown() (Horovod raises ValueError for an unknown set too).
+    """
+    ps_id = process_set.process_set_id
+    if ps_id is None:
+        raise ValueError(f"{process_set!r} is not registered; call hvd.add_process_set() first.")
+    # The global set always exists while tfring runs; other ids are checked
+    # against the core's table, so a stale id fails here and not in the kernel.
+    if ps_id != 0 and ps_id not in basics._core().process_set_ids():
+        raise ValueError(
+            f"{process_set!r} is not registered: this job has no process set with id {ps_id} "
+            "(it was removed, or never added with hvd.add_process_set() on every rank).")
+    return ps_id
 
 
 def add_process_set(process_set):

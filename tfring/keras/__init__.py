@@ -10,9 +10,10 @@ Example:
     >>> model.compile(optimizer=opt, loss="mse")
     >>> model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 """
-from tfring.common.basics import (cross_rank, cross_size, init, is_homogeneous, is_initialized,
+from tfring.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                                  gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
                                   local_rank, local_size, mpi_built, mpi_enabled,
-                                  mpi_threads_supported, nccl_built, rank,
+                                  mpi_threads_supported, nccl_built, rank, rocm_built,
                                   start_timeline, stop_timeline, shutdown, size)
 from tfring.common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                         remove_process_set)
@@ -21,5 +22,5 @@ from tfring.keras.values import (allgather, allreduce, broadcast, broadcast_glob
 from tfring.tensorflow.compression import Compression
 from tfring.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum, barrier, join
 from tfring.keras import callbacks
-from tfring.keras.optimizer import DistributedOptimizer, load_model
+from tfring.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model
 from tfring.keras.sync_batch_norm import SyncBatchNormalization

@@ -55,6 +55,21 @@ class _DistributedMixin:
             object.__setattr__(self, "_tfring_state_", state)
         return state
 
+    def register_local_var(self, var):
+        """Keeps `var`'s gradient local to this rank: it is not reduced across
+        ranks, only divided by the process set's size when the optimizer was
+        made with scale_local_gradients=True (the default), as Horovod does.
+
+        Args:
+            var: one of the variables this optimizer updates.
+
+        Example:
+            >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+            >>> for v in model.layers[-1].trainable_weights:
+            ...     opt.register_local_var(v)
+        """
+        self._tfring_state().reducer.add_local_variables([var])
+
     def _tfring_update(self, grads, variables, apply_fn):
         """Reduces `grads` and runs apply_fn(reduced), directly or every Nth pass."""
         _check_not_xla()
@@ -172,6 +187,52 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if name is not None:
         config["name"] = name
     return cls.from_config(config)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=mpi_ops.Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set,
+                                scale_local_gradients=True, local_layers=None):
+    """Like DistributedOptimizer, but the gradients of `local_layers`' trainable
+    weights stay local to each rank (divided by the set's size when
+    scale_local_gradients), e.g. for layers that differ by rank on purpose.
+
+    Args:
+        local_layers: a Keras layer or a list of them whose weights are local.
+        Other arguments: as DistributedOptimizer.
+
+    Returns:
+        The distributed optimizer, with each local weight registered through
+        register_local_var().
+
+    Raises:
+        ValueError: `local_layers` holds something that is not a Keras layer,
+            or the arguments DistributedOptimizer refuses.
+
+    Example:
+        >>> opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1),
+        ...                                       local_layers=[model.layers[-1]])
+    """
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    for layer in local_layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise ValueError(f"PartialDistributedOptimizer: local_layers must be Keras layers, "
+                             f"not {type(layer).__name__}.")
+    opt = DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
 
 
 def make_distributed_in_place(optimizer, **settings):

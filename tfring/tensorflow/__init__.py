@@ -5,11 +5,11 @@ Example:
     >>> hvd.init()
     >>> total = hvd.allreduce(tf.constant(1.0), op=hvd.Sum)
 """
-from tfring.common.basics import (cross_rank, cross_size, cuda_built, gloo_built, gloo_enabled,
-                                  init, is_homogeneous, is_initialized, local_rank, local_size,
-                                  mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                                  start_timeline, stop_timeline,
-                                  rocm_built, shutdown, size)
+from tfring.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                                  gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                                  local_rank, local_size, mpi_built, mpi_enabled,
+                                  mpi_threads_supported, nccl_built, rank, start_timeline,
+                                  stop_timeline, rocm_built, shutdown, size)
 from tfring.common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                         remove_process_set)
 from tfring.tensorflow.compression import Compression
@@ -30,4 +30,8 @@ def __getattr__(name):
     if name == "SyncBatchNormalization":
         from tfring.keras.sync_batch_norm import SyncBatchNormalization
         return SyncBatchNormalization
+    if name == "keras":
+        # tfring.tensorflow.keras is tfring.keras (see tfring/tensorflow/keras.py).
+        import importlib
+        return importlib.import_module("tfring.tensorflow.keras")
     raise AttributeError(f"module 'tfring.tensorflow' has no attribute {name!r}")

@@ -24,7 +24,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     """Sets every variable to the root rank's value.
 
     Args:
-        variables: tf.Variables (the same list, in the same order, on every rank).
+        variables: tf.Variables (the same list, in the same order, on every
+            rank); in TF1 graph mode also reference variables.
         root_rank: the job-wide rank whose values win, also with a process
             set (as in Horovod); it must be one of the set's ranks.
         process_set: the ranks taking part.
@@ -44,8 +45,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     if not variables:
         return None
     if inplace:
-        mpi_ops.broadcast_(variables, root_rank, process_set=process_set)
-        return None
+        values = mpi_ops.broadcast_(variables, root_rank, process_set=process_set)
+        return None if tf.executing_eagerly() else tf.group(*values)
     if tf.executing_eagerly():
         _broadcast_in_one_function(variables, root_rank, process_set)
         return None
@@ -94,12 +95,22 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
         session.run(self.bcast_op)
 
 
-def _run(tensor, session):
-    if session is not None:
-        return session.run(tensor)
+def _session_for(session):
+    """The session that runs an object collective: None in eager mode; in a
+    graph, `session` or else the default session, as Horovod does. Resolved
+    before any op is built, so a missing session costs no communication."""
     if tf.executing_eagerly():
-        return tensor.numpy()
-    raise RuntimeError("In graph mode, pass session= to run the collective.")
+        return None
+    session = session or tf.compat.v1.get_default_session()
+    if session is None:
+        raise RuntimeError(
+            "In graph mode, object collectives need a session to run in: pass session=, or "
+            "call them inside `with tf.compat.v1.Session():` (the default session is used).")
+    return session
+
+
+def _run(tensor, session):
+    return tensor.numpy() if session is None else session.run(tensor)
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -109,7 +120,8 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
         obj: any cloudpickle-able object (only the root's matters).
         root_rank: the sending rank: a job-wide rank, also with a process
             set (as in Horovod).
-        session: a tf.compat.v1.Session in TF1 graph mode.
+        session: in TF1 graph mode, the tf.compat.v1.Session that runs the
+            collectives (default: the default session). Ignored in eager mode.
         name: a name for the collectives.
         process_set: the ranks taking part; root_rank must be one of them.
 
@@ -118,11 +130,15 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
 
     Raises:
         tf.errors.FailedPreconditionError: root_rank is not a rank of the set.
+        RuntimeError: in graph mode with neither session= nor a default session.
 
     Example:
         >>> config = hvd.broadcast_object(config if hvd.rank() == 0 else None)
+        >>> with tf.compat.v1.Session():   # TF1 graph mode: the default session runs it
+        ...     config = hvd.broadcast_object(config)
     """
     basics._require_init()
+    session = _session_for(session)
     name = name or "broadcast_object"
     is_root = basics.rank() == root_rank
     if is_root:
@@ -142,6 +158,9 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
     """Returns a function that broadcasts its argument like broadcast_object().
 
+    In graph mode, a session left out is looked up when the function is
+    called: the default session then.
+
     Args:
         root_rank, session, name, process_set: as for broadcast_object().
 
@@ -158,13 +177,23 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """Gathers a picklable Python object from every rank.
 
+    Args:
+        obj: any cloudpickle-able object.
+        session: in TF1 graph mode, the tf.compat.v1.Session that runs the
+            collectives (default: the default session). Ignored in eager mode.
+        name: a name for the collectives.
+
     Returns:
         A list with one object per rank, in rank order.
+
+    Raises:
+        RuntimeError: in graph mode with neither session= nor a default session.
 
     Example:
         >>> counts = hvd.allgather_object(len(my_shard))
     """
     basics._require_init()
+    session = _session_for(session)
     name = name or "allgather_object"
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     sizes = mpi_ops.allgather(tf.constant([payload.size], tf.int64), name=f"{name}_sizes",

@@ -52,13 +52,18 @@ class GradientReducer:
         self.postscale = gradient_predivide_factor
         self.groups = groups
         self.process_set = process_set
-        # Keyed by id(): Keras 3 variables have no .ref(), and variables outlive the reducer.
-        self.local_refs = {id(v) for v in local_variables}
+        # Keyed by id(), since Keras 3 variables have no .ref(); the objects are
+        # kept so that an id cannot be reused by another object meanwhile.
+        self.local_refs = {id(v): v for v in local_variables}
         self.scale_local_gradients = scale_local_gradients
         self.name = name
 
     def add_local_variables(self, variables):
-        self.local_refs.update(id(v) for v in variables)
+        """Keeps the gradients of `variables` (or watched tensors) local from now on."""
+        self.local_refs.update((id(v), v) for v in variables)
+
+    def is_local(self, variable):
+        return id(variable) in self.local_refs
 
     def _group_indices(self, indices, variables):
         """Splits gradient indices into the requests they are reduced in."""
@@ -116,9 +121,18 @@ class GradientReducer:
                     out[i] = r
             if self.scale_local_gradients:
                 for i in local:
-                    if out[i] is not None:
-                        out[i] = out[i] / tf.cast(self.process_set.size(), out[i].dtype)
+                    out[i] = _divide(out[i], self.process_set.size())
         return out
+
+
+def _divide(grad, n):
+    """grad / n for a dense or IndexedSlices gradient (None stays None)."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
 
 
 class LocalGradientAggregator:

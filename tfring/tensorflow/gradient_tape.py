@@ -20,6 +20,47 @@ class _DistributedTapeMixin:
         reduced = self._tfring_reducer(flat_grads, flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
 
+    def register_local_source(self, source):
+        """Keeps the gradient of `source` local to this rank: gradient() does
+        not reduce it across ranks (it is divided by the process set's size
+        when the tape was made with scale_local_gradients=True, the default,
+        as Horovod does).
+
+        Args:
+            source: a variable (or a watched tensor) passed to gradient() later.
+
+        Example:
+            >>> tape = hvd.DistributedGradientTape(tape)
+            >>> tape.register_local_source(model.layers[-1].kernel)
+            >>> grads = tape.gradient(loss, model.trainable_variables)
+        """
+        self._tfring_reducer.add_local_variables([source])
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """Computes gradient() and splits it into the local and the reduced
+        (global) gradients, e.g. to take a norm of each part separately: the
+        global part is the same on every rank, the local part is not.
+
+        Args:
+            target, sources, output_gradients, unconnected_gradients: as gradient().
+
+        Returns:
+            A tuple (local_gradients, global_gradients): two lists holding the
+            gradients of the registered local sources and of the other
+            sources, each in the order of the flattened `sources`.
+
+        Example:
+            >>> local_grads, global_grads = tape.get_local_and_global_gradients(loss, variables)
+            >>> global_norm = tf.linalg.global_norm(global_grads)
+        """
+        grads = self.gradient(target, sources, output_gradients=output_gradients,
+                              unconnected_gradients=unconnected_gradients)
+        local, shared = [], []
+        for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
+            (local if self._tfring_reducer.is_local(source) else shared).append(grad)
+        return local, shared
+
 
 def _wrap(gradtape, reducer):
     cls = type(gradtape.__class__.__name__, (_DistributedTapeMixin, gradtape.__class__), {})
@@ -54,6 +95,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
 
     Returns:
         A tape of the same class whose gradient() returns reduced gradients.
+        Its register_local_source(v) keeps v's gradient local, and
+        get_local_and_global_gradients() returns the two parts apart.
 
     Raises:
         ValueError: a bad op or predivide factor.

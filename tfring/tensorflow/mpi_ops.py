@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
 from tfring.common import basics, loader
-from tfring.common.process_sets import global_process_set
+from tfring.common.process_sets import global_process_set, registered_id
 
 # Reduce ops: the same numbering as Horovod (and as the reduce_op attribute).
 Average = 0
@@ -88,17 +88,17 @@ def _collective(kind, *inputs, name=None, graph_name=None, **attrs):
 
 
 def _check_dtype(tensor, what):
-    if tensor.dtype.base_dtype not in SUPPORTED_DTYPES:
+    # tf.as_dtype: a Keras 3 variable's dtype is a string such as "float32".
+    dtype = tf.as_dtype(tensor.dtype).base_dtype
+    if dtype not in SUPPORTED_DTYPES:
         supported = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise tf.errors.InvalidArgumentError(
             None, None,
-            f"tfring {what} does not support dtype {tensor.dtype.name}; supported: {supported}.")
+            f"tfring {what} does not support dtype {dtype.name}; supported: {supported}.")
 
 
 def _process_set_id(process_set):
-    if process_set.process_set_id is None:
-        raise ValueError(f"{process_set!r} is not registered; call hvd.add_process_set() first.")
-    return process_set.process_set_id
+    return registered_id(process_set)
 
 
 def _per_dtype(tensors, what, name, prefix, run):
@@ -370,24 +370,35 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                ignore_name_scope=False):
-    """Overwrites resource variables in place with the root rank's values.
+    """Overwrites variables in place with the root rank's values.
+
+    Resource variables (TF2 and Keras variables) are written in place by one
+    op each, which holds the variable's lock until the broadcast is done. TF1
+    reference variables (graph mode with resource variables disabled) have no
+    resource handle: they are assigned the broadcast value instead.
 
     Args:
-        variables: resource variables, the same list on every rank.
+        variables: variables in the same order on every rank (resource or
+            TF1 reference variables).
         root_rank: the job-wide rank whose values are sent (see broadcast()).
-        name, process_set, ignore_name_scope: as for broadcast().
+        name: the collectives' name (suffixed _0, _1, ... for several).
+        process_set, ignore_name_scope: as for broadcast().
 
     Returns:
-        The variables.
+        The variables' values after the broadcast, one tensor each (as
+        Horovod). In TF1 graph mode, running them does the broadcast.
 
     Raises:
-        tf.errors.FailedPreconditionError: as for broadcast().
+        tf.errors.InvalidArgumentError: a variable's dtype is not supported.
+        tf.errors.FailedPreconditionError: ranks' variables disagree in shape
+            or dtype, or the root is not in the process set.
 
     Example:
         >>> hvd.broadcast_(model.variables, root_rank=0)
     """
     basics._require_init()
     variables = list(variables)
+    values = []
     for i, var in enumerate(variables):
         _check_dtype(var, "broadcast_")
         op_name = name
@@ -396,11 +407,20 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                 "HorovodBroadcastInplace_" + _normalize_name(var.name)
         elif len(variables) > 1:
             op_name = f"{name}_{i}"
-        _collective(
-            "BroadcastInplaceResource", var.handle, T=var.dtype.base_dtype, root_rank=root_rank,
-            ignore_name_scope=ignore_name_scope, process_set_id=_process_set_id(process_set),
-            name=op_name, graph_name=op_name)
-    return variables
+        if not hasattr(var, "handle"):
+            # A RefVariable: broadcast its value and assign the result.
+            values.append(tf.identity(tf.compat.v1.assign(
+                var, broadcast(var, root_rank, name=op_name, ignore_name_scope=ignore_name_scope,
+                               process_set=process_set))))
+            continue
+        op = _collective(
+            "BroadcastInplaceResource", var.handle, T=tf.as_dtype(var.dtype).base_dtype,
+            root_rank=root_rank, ignore_name_scope=ignore_name_scope,
+            process_set_id=_process_set_id(process_set), name=op_name, graph_name=op_name)
+        # A graph needs the read ordered after the broadcast; eagerly it already is.
+        with tf.control_dependencies([op] if op is not None else []):
+            values.append(tf.identity(var))
+    return values
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
@@ -417,8 +437,12 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         (received tensor, received_splits).
 
     Raises:
-        tf.errors.FailedPreconditionError: splits do not add up, or ranks
-            disagree on dtype or trailing dims.
+        tf.errors.InvalidArgumentError: on this rank, at once (before anything
+            is sent): splits that do not add up to the first dimension, do not
+            have one entry per rank of the set, or are negative; without
+            splits, a first dimension not divisible by the number of ranks.
+        tf.errors.FailedPreconditionError: ranks disagree on dtype or trailing dims.
+        ValueError: the process set is not registered.
 
     Example:
         >>> out, received = hvd.alltoall(tf.range(4), splits=[1, 3])

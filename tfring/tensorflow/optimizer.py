@@ -25,6 +25,11 @@ class _DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
             self._aggregator = LocalGradientAggregator(backward_passes_per_step, reducer,
                                                        average_aggregated_gradients)
 
+    def register_local_var(self, var):
+        """Keeps `var`'s gradient local to this rank (not reduced; divided by
+        the set's size with scale_local_gradients=True, as Horovod does)."""
+        self._reducer.add_local_variables([var])
+
     def compute_gradients(self, *args, **kwargs):
         """Computes local gradients and (unless aggregating locally) averages them."""
         grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)

@@ -8,8 +8,9 @@ import tensorflow as tf
 import tfring.keras as hvd
 import tfring.tensorflow as hvd_tf
 from tfring.keras.optimizer import _DistributedMixin
-from training_reference import (BATCH, FEATURES, LR, STEPS, assert_trained_like_reference,
-                                global_data, initial_weights, local_batch)
+from training_reference import (BATCH, FEATURES, LR, STEPS, assert_local_part_like_reference,
+                                assert_trained_like_reference, global_data, initial_weights,
+                                local_batch)
 
 keras = tf.keras
 KERAS3 = not tf.keras.__name__.startswith("tf_keras")
@@ -97,6 +98,55 @@ def test_optimizers_match_single_process(rank, size, kind):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=kind)
     everyone = hvd_tf.allgather_object([w.tolist() for w in model.get_weights()])
     assert all(e == everyone[0] for e in everyone), kind
+
+
+def model_with_local_part(rank):
+    """x -> shared(x) + local(x): `shared` (kernel w, bias b) is reduced, the
+    bias-free `local` layer (kernel u, zeros at first) is each rank's own."""
+    # Every name is given: the graph-mode collectives are keyed by tensor
+    # names, which contain Keras's automatic names, and earlier tests of the
+    # suite build models on rank 0 only (which advances its name counters).
+    inputs = keras.Input((FEATURES,), name="local_part_input")
+    shared = keras.layers.Dense(1, name="shared")
+    local = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="local")
+    added = keras.layers.Add(name="local_part_add")([shared(inputs), local(inputs)])
+    model = keras.Model(inputs, added, name="local_part_model")
+    shared.set_weights(list(initial_weights(rank)))
+    return model, shared, local
+
+
+def fit_with_local_part(rank, size, make_optimizer):
+    model, shared, local = model_with_local_part(rank)
+    model.compile(optimizer=make_optimizer(local), loss="mse", jit_compile=False)
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    xs, ys = local_data(rank, size)
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return (*shared.get_weights(), local.get_weights()[0])
+
+
+def test_register_local_var_keeps_its_gradient_local(rank, size):
+    def make(local):
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR))
+        opt.register_local_var(local.kernel)
+        return opt
+    assert_local_part_like_reference(*fit_with_local_part(rank, size, make), rank, size)
+
+
+@pytest.mark.parametrize("scale_local", [True, False], ids=["scaled", "unscaled"])
+def test_partial_distributed_optimizer(rank, size, scale_local):
+    def make(local):
+        return hvd.PartialDistributedOptimizer(keras.optimizers.SGD(LR), local_layers=local,
+                                               scale_local_gradients=scale_local)
+    assert_local_part_like_reference(*fit_with_local_part(rank, size, make), rank, size,
+                                     scale_local=scale_local)
+
+
+def test_partial_distributed_optimizer_arguments():
+    # Without local layers it is a plain DistributedOptimizer.
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(LR))
+    assert isinstance(opt, _DistributedMixin) and isinstance(opt, keras.optimizers.SGD)
+    with pytest.raises(ValueError, match="local_layers must be Keras layers"):
+        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(LR), local_layers=["dense"])
 
 
 def test_config_round_trip():

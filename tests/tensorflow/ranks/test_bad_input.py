@@ -89,12 +89,18 @@ def test_grouped_allreduce_member_shape_mismatch(rank):
 
 @multi_rank
 def test_alltoall_splits_wrong_on_one_rank_name_that_rank(rank, size):
-    splits = [1] * size
+    # Only rank 1's splits are wrong: it refuses them by itself, at once, and
+    # nothing reaches the others (who therefore must not submit this alltoall,
+    # as they would wait for rank 1 in Horovod too).
     if rank == 1:
-        splits[0] = 2  # adds up to size + 1 rows on rank 1 only
-    expect_precondition(lambda: hvd.alltoall(ones([size, 2]), splits=splits, name="a2a_one"),
-                        "Invalid ALLTOALL splits for tensor 'a2a_one' on rank 1",
-                        f"adding up to the first dimension {size}")
+        splits = [2] + [1] * (size - 1)  # adds up to size + 1 rows
+        expect_invalid_argument(
+            lambda: hvd.alltoall(ones([size, 2]), splits=splits, name="a2a_one"),
+            "Invalid ALLTOALL splits for tensor 'a2a_one' on rank 1",
+            f"adding up to the first dimension {size}")
+    # The same name then runs, with good splits, on every rank.
+    out, received = hvd.alltoall(ones([size, 2]), splits=[1] * size, name="a2a_one")
+    assert out.shape == (size, 2) and list(received.numpy()) == [1] * size
 
 
 _STALE_LIBRARY = ("the op library predates commit aba221c, which fixed this; rebuild it "
@@ -137,12 +143,33 @@ def test_broadcast_negative_root():
 
 
 @pytest.mark.parametrize("splits", ["wrong_length", "negative"])
-def test_alltoall_splits_malformed(size, splits):
+def test_alltoall_splits_malformed(rank, size, splits):
     bad = {"wrong_length": [size] + [0] * size,  # one entry too many
            "negative": [size + 1] + [0] * (size - 2) + [-1] if size > 1 else [-1]}[splits]
-    expect_precondition(lambda: hvd.alltoall(ones([size, 2]), splits=bad, name=f"a2a_{splits}"),
-                        f"Invalid ALLTOALL splits for tensor 'a2a_{splits}' on rank 0",
-                        f"one non-negative entry per rank ({size})")
+    expect_invalid_argument(
+        lambda: hvd.alltoall(ones([size, 2]), splits=bad, name=f"a2a_{splits}"),
+        f"Invalid ALLTOALL splits for tensor 'a2a_{splits}' on rank {rank}",
+        f"one non-negative entry per rank ({size})")
+
+
+@multi_rank
+def test_alltoall_splits_in_a_process_set_count_its_ranks(rank, size):
+    # The set [1, ..] does not start at rank 0: its splits have one entry per member.
+    members = list(range(1, size))
+    ps = hvd.add_process_set(members)
+    try:
+        if ps.included():
+            n = len(members)
+            expect_invalid_argument(
+                lambda: hvd.alltoall(ones([n, 2]), splits=[1] * size, name="a2a_set",
+                                     process_set=ps),
+                f"Invalid ALLTOALL splits for tensor 'a2a_set' on rank {rank}",
+                f"one non-negative entry per rank ({n})")
+            out, received = hvd.alltoall(ones([n, 2]), splits=[1] * n, name="a2a_set",
+                                         process_set=ps)
+            assert list(received.numpy()) == [1] * n
+    finally:
+        assert hvd.remove_process_set(ps)
 
 
 def test_alltoall_of_scalar_is_refused_locally():

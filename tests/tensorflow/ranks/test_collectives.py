@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import tfring.tensorflow as hvd
 from error_helpers import Background
-from tf_helpers import DTYPES, assert_close, rank_values, run
+from tf_helpers import DTYPES, assert_close, rank_values, run, tf1_graph
 
 REDUCTIONS = {
     hvd.Sum: lambda xs, n: xs.sum(0),
@@ -298,12 +298,71 @@ def test_broadcast_variables_and_inplace(rank, size):
     np.testing.assert_allclose(c.numpy(), [0.5] * 4)
 
 
+@pytest.mark.parametrize("inplace", [False, True], ids=["assign", "inplace"])
+def test_broadcast_tf1_reference_variables(rank, size, inplace):
+    # tf.compat.v1.Variable in a graph with resource variables disabled is a
+    # RefVariable, which has no resource handle.
+    with tf1_graph(resource_variables=False):
+        a = tf.compat.v1.Variable(tf.fill([3], float(rank)))
+        b = tf.compat.v1.get_variable("b", initializer=tf.fill([2, 2], rank))
+        assert not hasattr(a, "handle") and not hasattr(b, "handle")
+        bcast = hvd.broadcast_variables([a, b], root_rank=size - 1, inplace=inplace)
+        values = hvd.broadcast_([a], root_rank=0)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(bcast)
+            np.testing.assert_allclose(sess.run(a), [size - 1] * 3)
+            np.testing.assert_array_equal(sess.run(b), np.full([2, 2], size - 1))
+            sess.run(a.assign(tf.fill([3], float(rank) + 0.5)))
+            # broadcast_ returns the values after the broadcast (Horovod's contract).
+            np.testing.assert_allclose(sess.run(values)[0], [0.5] * 3)
+            np.testing.assert_allclose(sess.run(a), [0.5] * 3)
+
+
+def test_broadcast_inplace_resource_variables_in_tf1_graph(rank, size):
+    with tf1_graph():
+        a = tf.compat.v1.Variable(tf.fill([3], float(rank)))
+        assert hasattr(a, "handle")
+        bcast = hvd.broadcast_variables([a], root_rank=size - 1, inplace=True)
+        values = hvd.broadcast_([a], root_rank=0)
+        with tf.compat.v1.Session() as sess:
+            sess.run(a.initializer)
+            sess.run(bcast)
+            np.testing.assert_allclose(sess.run(a), [size - 1] * 3)
+            sess.run(a.assign(tf.fill([3], float(rank) + 0.5)))
+            np.testing.assert_allclose(sess.run(values)[0], [0.5] * 3)
+
+
 def test_broadcast_and_allgather_objects(rank, size):
     obj = {"rank": rank, "data": list(range(rank))} if rank == 0 else None
     assert hvd.broadcast_object(obj, root_rank=0) == {"rank": 0, "data": []}
     assert hvd.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
     fn = hvd.broadcast_object_fn(root_rank=size - 1)
     assert fn(rank * 2) == (size - 1) * 2
+
+
+def test_object_collectives_in_a_tf1_graph(rank, size):
+    obj = {"rank": rank} if rank == size - 1 else None
+    # Horovod's form: no session= and no name=, the default session runs them.
+    with tf1_graph(), tf.compat.v1.Session():
+        assert hvd.broadcast_object(obj, root_rank=size - 1) == {"rank": size - 1}
+        assert hvd.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
+        assert hvd.broadcast_object_fn(root_rank=0)(rank + 7) == 7
+    # The explicit form.
+    with tf1_graph(), tf.compat.v1.Session() as sess:
+        assert hvd.broadcast_object(obj, root_rank=size - 1, session=sess,
+                                    name="graph_obj") == {"rank": size - 1}
+        assert hvd.allgather_object(rank, session=sess, name="graph_gather") == list(range(size))
+        fn = hvd.broadcast_object_fn(root_rank=0, session=sess, name="graph_fn")
+        assert fn(rank + 7) == 7
+    # Neither: a clear error on every rank, before anything is sent.
+    with tf1_graph():
+        for call in (lambda: hvd.broadcast_object(obj, root_rank=0),
+                     lambda: hvd.allgather_object(rank),
+                     lambda: hvd.broadcast_object_fn(root_rank=0)(rank)):
+            with pytest.raises(RuntimeError, match="need a session to run in"):
+                call()
+    assert hvd.allgather_object(rank) == list(range(size))
 
 
 def test_process_sets(rank, size):
@@ -344,3 +403,15 @@ def test_topology(rank, size):
     values = run("graph", lambda: [hvd.rank_op(), hvd.size_op(), hvd.local_rank_op(),
                                    hvd.local_size_op(), hvd.process_set_included_op()])
     assert list(values) == [rank, size, rank, size, 1]
+
+
+def test_build_queries_tell_the_truth():
+    from tfring.common import loader
+    core = loader.load()[1]
+    assert hvd.mpi_built() is True and hvd.mpi_enabled() is True
+    assert hvd.nccl_built() is bool(core.nccl_built)
+    # CUDA is only ever built in for NCCL.
+    assert hvd.cuda_built() is hvd.nccl_built()
+    for absent in (hvd.gloo_built, hvd.gloo_enabled, hvd.rocm_built, hvd.ccl_built,
+                   hvd.ddl_built):
+        assert absent() is False, absent.__name__

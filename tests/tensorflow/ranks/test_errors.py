@@ -71,18 +71,35 @@ def test_root_rank_out_of_range(size):
                         f"Invalid BROADCAST root rank {size}")
 
 
-def test_alltoall_splits_do_not_add_up(rank, size):
+# Alltoall's rows and splits are this rank's own arguments: like Horovod, each
+# rank refuses them at once with InvalidArgumentError, before anything is sent.
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_alltoall_splits_do_not_add_up(rank, size, in_function):
     splits = [1] * size
     splits[0] += 1  # sums to size + 1, but the tensor has size rows
-    expect_precondition(lambda: hvd.alltoall(tf.ones([size, 2]), splits=splits, name="splits"),
-                        "Invalid ALLTOALL splits", "adding up to the first dimension")
+    call = lambda: hvd.alltoall(tf.ones([size, 2]), splits=splits, name="splits")  # noqa: E731
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        tf.function(call)() if in_function else call()
+    assert f"Invalid ALLTOALL splits for tensor 'splits' on rank {rank}" in info.value.message
+    assert f"adding up to the first dimension {size}" in info.value.message
 
 
-def test_alltoall_without_splits_needs_divisible_rows(size):
+def test_alltoall_without_splits_needs_divisible_rows(rank, size):
     if size == 1:
         pytest.skip("every row count divides by 1")
-    expect_precondition(lambda: hvd.alltoall(tf.ones([size + 1]), name="uneven"),
-                        "divisible by the number of ranks")
+    # Horovod's form (no name) and a TF1 graph as well.
+    for call in (lambda: hvd.alltoall(tf.ones([size + 1]), name="uneven"),
+                 lambda: hvd.alltoall(tf.ones([size + 1]))):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=f"divisible by the number of ranks \\({size}\\), but rank "
+                                 f"{rank} sent shape \\[{size + 1}\\]"):
+            call()
+    with tf.Graph().as_default():
+        out = hvd.alltoall(tf.ones([size + 1, 2]))
+        with tf.compat.v1.Session() as sess, \
+                pytest.raises(tf.errors.InvalidArgumentError, match="divisible by the number"):
+            sess.run(out)
 
 
 @multi_rank
@@ -117,7 +134,24 @@ def test_invalid_arguments_raise_before_any_collective():
 def test_process_set_errors(rank, size):
     with pytest.raises(tf.errors.FailedPreconditionError, match="Invalid process set"):
         hvd.add_process_set([size + 5])
+    # A set this job never registered: ValueError, as in Horovod.
     ghost = hvd.ProcessSet([0])
     ghost.process_set_id = 99
-    with pytest.raises(tf.errors.InvalidArgumentError, match="no process set with id 99"):
-        hvd.allreduce(tf.ones([1]), process_set=ghost)
+    for call in (lambda: hvd.allreduce(tf.ones([1]), process_set=ghost),
+                 lambda: hvd.allgather(tf.ones([1]), process_set=ghost),
+                 lambda: hvd.broadcast(tf.ones([1]), 0, process_set=ghost),
+                 lambda: hvd.alltoall(tf.ones([1]), process_set=ghost),
+                 lambda: hvd.barrier(process_set=ghost),
+                 ghost.size, ghost.rank, ghost.included):
+        with pytest.raises(ValueError, match="this job has no process set with id 99"):
+            call()
+
+
+def test_graph_run_after_its_process_set_was_removed(size):
+    ps = hvd.add_process_set(list(range(size)))
+    with tf.Graph().as_default():
+        out = hvd.allreduce(tf.ones([1]), op=hvd.Sum, process_set=ps)
+        assert hvd.remove_process_set(ps)
+        with tf.compat.v1.Session() as sess, pytest.raises(
+                tf.errors.InvalidArgumentError, match="there is no process set with id"):
+            sess.run(out)

@@ -6,8 +6,10 @@ import pytest
 import tensorflow as tf
 
 import tfring.tensorflow as hvd
-from training_reference import (BATCH, FEATURES, LR, STEPS, assert_trained_like_reference,
-                                global_data, initial_weights, local_batch)
+from tf_helpers import tf1_graph
+from training_reference import (BATCH, FEATURES, LR, STEPS, assert_local_part_like_reference,
+                                assert_trained_like_reference, global_data, initial_weights,
+                                local_batch)
 
 @pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
 def test_distributed_gradient_tape_matches_single_process(rank, size, in_function):
@@ -43,10 +45,61 @@ def test_partial_tape_keeps_local_gradients_local(rank, size):
     np.testing.assert_allclose(g_local.numpy(), [[(rank + 1.0) / size]])
 
 
-def test_tf1_monitored_training_session_matches_single_process(rank, size):
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("scale_local", [True, False], ids=["scaled", "unscaled"])
+def test_tape_register_local_source_matches_reference(rank, size, in_function, scale_local):
     x, y = global_data(size)
     w0, b0 = initial_weights(rank)
-    with tf.Graph().as_default():
+    w, b, u = tf.Variable(w0), tf.Variable(b0), tf.Variable(np.zeros_like(w0))
+    hvd.broadcast_variables([w, b], root_rank=0)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(xb, w + u) + b - yb))
+        tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale_local)
+        tape.register_local_source(u)
+        for var, grad in zip([w, b, u], tape.gradient(loss, [w, b, u])):
+            var.assign_sub(LR * grad)
+    if in_function:
+        step = tf.function(step)
+    for s in range(STEPS):
+        step(local_batch(x, s, rank, size), local_batch(y, s, rank, size))
+    assert_local_part_like_reference(w.numpy(), b.numpy(), u.numpy(), rank, size,
+                                     scale_local=scale_local)
+
+
+def test_get_local_and_global_gradients(rank, size):
+    x, y = global_data(size)
+    w0, b0 = initial_weights(0)
+    w, b, u = tf.Variable(w0), tf.Variable(b0), tf.Variable(np.full_like(w0, 0.5))
+    xb, yb = local_batch(x, 0, rank, size), local_batch(y, 0, rank, size)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(tf.matmul(xb, w + u) + b - yb))
+    tape = hvd.PartialDistributedGradientTape(tape)  # Horovod's form: no local_layers
+    tape.register_local_source(u)
+    local, shared = tape.get_local_and_global_gradients(loss, [w, u, b])
+    assert len(local) == 1 and len(shared) == 2
+
+    def grads(r):
+        xs = local_batch(x, 0, r, size).astype(np.float64)
+        err = xs @ (w0 + 0.5) + b0 - local_batch(y, 0, r, size)
+        return 2 * xs.T @ err / len(xs), 2 * err.sum(0) / len(xs)
+    mine = grads(rank)
+    everyone = [grads(r) for r in range(size)]
+    np.testing.assert_allclose(local[0].numpy(), mine[0] / size, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(shared[0].numpy(), np.mean([g[0] for g in everyone], 0),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(shared[1].numpy(), np.mean([g[1] for g in everyone], 0),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("resource_variables", [True, False], ids=["resource", "ref"])
+def test_tf1_monitored_training_session_matches_single_process(rank, size, resource_variables):
+    # With resource variables disabled, get_variable makes TF1 reference
+    # variables, which BroadcastGlobalVariablesHook must broadcast too.
+    x, y = global_data(size)
+    w0, b0 = initial_weights(rank)
+    with tf1_graph(resource_variables):
         w = tf.compat.v1.get_variable("w", initializer=w0)
         b = tf.compat.v1.get_variable("b", initializer=b0)
         xb = tf.compat.v1.placeholder(tf.float32, [None, FEATURES])
@@ -84,6 +137,30 @@ def test_tf1_backward_passes_per_step(rank, size):
             final_w, final_b, global_step = sess.run([w, b, step_var])
     assert global_step == 4  # every backward pass counts, as in Horovod
     assert_trained_like_reference(final_w, final_b, size, steps=4, accumulate=2)
+
+
+@pytest.mark.parametrize("resource_variables", [True, False], ids=["resource", "ref"])
+def test_tf1_optimizer_register_local_var(rank, size, resource_variables):
+    x, y = global_data(size)
+    w0, b0 = initial_weights(rank)
+    with tf1_graph(resource_variables):
+        w = tf.compat.v1.get_variable("w", initializer=w0)
+        b = tf.compat.v1.get_variable("b", initializer=b0)
+        u = tf.compat.v1.get_variable("u", initializer=np.zeros_like(w0))
+        xb = tf.compat.v1.placeholder(tf.float32, [None, FEATURES])
+        yb = tf.compat.v1.placeholder(tf.float32, [None, 1])
+        loss = tf.reduce_mean(tf.square(tf.matmul(xb, w + u) + b - yb))
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(LR))
+        opt.register_local_var(u)
+        train_op = opt.minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(hvd.broadcast_variables([w, b], root_rank=0))
+            for s in range(STEPS):
+                sess.run(train_op, feed_dict={xb: local_batch(x, s, rank, size),
+                                              yb: local_batch(y, s, rank, size)})
+            final = sess.run([w, b, u])
+    assert_local_part_like_reference(*final, rank, size)
 
 
 # -- process sets: ranks outside the set keep their gradients local (Horovod) ----------

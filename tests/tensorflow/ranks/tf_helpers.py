@@ -1,4 +1,6 @@
 """Helpers for the rank suites: running ops in each mode, rank-dependent data."""
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 
@@ -18,6 +20,23 @@ def run(mode, build):
             return sess.run(out)
 
 
+@contextlib.contextmanager
+def tf1_graph(resource_variables=True):
+    """A fresh TF1 graph to build in. With resource_variables=False,
+    tf.compat.v1.Variable and get_variable make reference variables
+    (RefVariable) in it, as TF1 code did; the process-wide setting is put
+    back afterwards, since every test of the suite runs in this process."""
+    enabled = tf.compat.v1.resource_variables_enabled()
+    if not resource_variables:
+        tf.compat.v1.disable_resource_variables()
+    try:
+        with tf.Graph().as_default() as graph:
+            yield graph
+    finally:
+        if enabled:
+            tf.compat.v1.enable_resource_variables()
+        else:
+            tf.compat.v1.disable_resource_variables()
 
 
 DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
