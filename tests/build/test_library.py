@@ -190,7 +190,6 @@ def test_loader_takes_the_cache_when_the_install_is_for_another_tf(tmp_path, mon
                                 library.build_variant(tf))
     monkeypatch.setattr(library, "packaged_tf_version", lambda: tf.__version__)
     assert loader.library_path() == packaged
-    assert not library.library_ready_fast() or library.packaged_tf_version() == tf.__version__
     monkeypatch.setattr(library, "packaged_tf_version", lambda: "1.0.0")
     os.makedirs(entry)
     shutil.copy(packaged, os.path.join(entry, library.LIBRARY_NAME))
