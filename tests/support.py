@@ -12,7 +12,7 @@ def tfringrun(np_, args, timeout=300, env=None, extra=(), python=sys.executable)
     `timeout` seconds; returns the CompletedProcess (stdout+stderr merged).
     `python` is the interpreter that runs tfringrun (another environment's,
     e.g. one with an older TensorFlow)."""
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     cmd = [python, "-m", "tfring.runner.launch", "-np", str(np_),
            "--timeout", str(timeout), *extra, *args]
     return subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
