@@ -192,7 +192,7 @@ def test_tf_switch_rebuilds_once_for_ranks_importing_together(switched):
 # and tfring are used) with the venv's interpreter; its library comes from
 # the cache entry step 3 built (the cache key is the sources' content).
 @pytest.mark.parametrize("suite,flavour", [
-    ("tests/tensorflow/ranks", "keras3"),
+    ("tests/tensorflow/ranks", "default"),
     ("tests/keras/ranks", "keras3"),
     ("tests/keras/ranks", "tf_keras"),
 ])
