@@ -1,126 +1,155 @@
-"""Builds tfring's op library against the TensorFlow installed right now.
+"""Installs tfring; compiles its op library now if TensorFlow is visible.
 
-The TF ABI (C++ flags, libtensorflow_framework) differs between releases, so
-the library is compiled here from `tf.sysconfig`, and the TF version it was
-built for is recorded in tfring/_build_info.py. At import time tfring compares
-that version with the running TF and explains how to rebuild on a mismatch.
+The build itself lives in tfring/build/library.py, shared with the compile
+that tfring runs on first import. Two cases:
+
+* TensorFlow importable here (``pip install --no-build-isolation``, or
+  ``python setup.py build_ext --inplace``): the library is compiled against
+  it now and installed next to the package, with tfring/_build_info.py naming
+  the TF version.
+* No TensorFlow (pip's default build isolation hides the environment's TF):
+  nothing is compiled; the wheel carries the C++ sources as package data and
+  tfring compiles them on first import into a per-TF-version cache.
+
+Either way the C++ sources go into the wheel (tfring/_csrc/tf_ops), so a
+later TensorFlow upgrade can be followed by a rebuild.
 """
-import glob
 import importlib.util
 import os
-import sysconfig
-from concurrent.futures import ThreadPoolExecutor
+import shutil
+import sys
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _tf_build_config():
+def _load_build_module():
+    """tfring/build/library.py, loaded by path: importing the tfring package
+    from a build environment would pick up whatever tfring is installed."""
+    spec = importlib.util.spec_from_file_location(
+        "_tfring_build_library", os.path.join(HERE, "tfring", "build", "library.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module._tfring_version = lambda: VERSION
+    return module
+
+
+VERSION = "0.1.0"
+library = _load_build_module()
+
+
+def _tensorflow():
+    """The TensorFlow module if importable here, else None."""
+    if os.environ.get("TFRING_SKIP_INSTALL_BUILD") == "1":
+        return None
     try:
         import tensorflow as tf
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise SystemExit(
-            "tfring is compiled against the installed TensorFlow, and none was found: "
-            "pip install tensorflow (or tensorflow-cpu) first, then "
-            "pip install --no-build-isolation .") from exc
-    return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+    except ImportError:
+        return None
+    return tf
 
 
-def _mpi_prefix():
-    """The prefix of the `mpich` wheel: <prefix>/include/mpi.h, <prefix>/lib/libmpi.so."""
-    prefix = sysconfig.get_paths()["data"]
-    if not os.path.exists(os.path.join(prefix, "include", "mpi.h")):
-        raise SystemExit(
-            f"mpi.h was not found under {prefix}/include: pip install mpich (the MPICH wheel "
-            "ships MPI's headers and libraries) before building tfring.")
-    return prefix
+class BuildLibrary(build_ext):
+    """Builds the op library with tfring.build.library (the same recipe as
+    the on-import compile) and records the TF version next to it."""
+
+    def build_extension(self, ext):
+        import tensorflow as tf
+        output = os.path.abspath(self.get_ext_fullpath(ext.name))
+        package_dir = os.path.dirname(output)
+        info_path = os.path.join(package_dir, "_build_info.py")
+        root = HERE
+        if not self.force and self._up_to_date(output, info_path, tf.__version__, root):
+            print(f"tfring: {output} is up to date for TensorFlow {tf.__version__}")
+            return
+        os.makedirs(package_dir, exist_ok=True)
+        options = library.build_options(tf, root, workdir=os.path.abspath(self.build_temp),
+                                        log=lambda m: print(f"tfring: {m}", flush=True))
+        print(f"tfring: compiling the op library for TensorFlow {tf.__version__} "
+              f"({len(options.sources)} files, {library.build_jobs()} at a time)", flush=True)
+        tmp = output + ".tmp"
+        library.compile_library(tmp, options, root,
+                                log=lambda m: print(f"tfring: {m}", flush=True))
+        os.replace(tmp, output)
+        with open(info_path, "w") as f:
+            f.write('"""Written by setup.py: what the op library next to it was built for."""\n')
+            f.write(f"TF_VERSION = {tf.__version__!r}\n")
+            f.write(f"SOURCE_DIGEST = {library.source_digest(root)!r}\n")
+            f.write(f"VARIANT = {library.build_variant(tf)!r}\n")
+            f.write("MPI_BUILT = True\n")
+            nccl = any(name == "TFRING_WITH_NCCL" for name, _ in options.define_macros)
+            f.write(f"NCCL_BUILT = {nccl!r}\n")
+
+    def copy_extensions_to_source(self):
+        """--inplace and editable installs: the record goes along with the library."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
+            info = os.path.join(os.path.dirname(regular_file), "_build_info.py")
+            if os.path.exists(info):
+                self.copy_file(info, os.path.join(os.path.dirname(inplace_file), "_build_info.py"),
+                               level=self.verbose)
+
+    @staticmethod
+    def _up_to_date(output, info_path, tf_version, root):
+        if not (os.path.exists(output) and os.path.exists(info_path)):
+            return False
+        record = {}
+        with open(info_path) as f:
+            exec(f.read(), record)
+        import tensorflow as tf
+        return (record.get("TF_VERSION") == tf_version
+                and record.get("SOURCE_DIGEST") == library.source_digest(root)
+                and record.get("VARIANT") == library.build_variant(tf))
 
 
-def _sources():
-    files = sorted(glob.glob("tf_ops/common/**/*.cc", recursive=True))
-    files = [f for f in files if "/tests/" not in f]
-    return files + sorted(glob.glob("tf_ops/tensorflow/*.cc")) + ["tf_ops/python_module.cc"]
+class BuildPyWithSources(build_py):
+    """Also copies the C++ sources into the package (tfring/_csrc/tf_ops), for
+    the on-import compile of an install whose TF changes later."""
+
+    def run(self):
+        super().run()
+        # A record left in the checkout by an in-place build describes that
+        # build, not this one; build_ext writes a fresh one if it compiles.
+        stale = os.path.join(self.build_lib, "tfring", "_build_info.py")
+        if os.path.exists(stale):
+            os.unlink(stale)
+        if self.editable_mode:
+            return  # an editable install compiles from the checkout's tf_ops/
+        target_root = os.path.join(self.build_lib, "tfring", "_csrc")
+        shutil.rmtree(target_root, ignore_errors=True)
+        for rel in library.source_files(HERE):
+            target = os.path.join(target_root, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(os.path.join(HERE, rel), target)
 
 
-class ParallelBuildExt(build_ext):
-    """Compiles the sources two at a time: one TU with TF headers takes ~11 s."""
-
-    def build_extensions(self):
-        compiler = self.compiler
-        original = compiler.compile
-
-        def parallel_compile(sources, *args, **kwargs):
-            jobs = int(os.environ.get("TFRING_BUILD_JOBS", "2"))
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                objects = list(pool.map(lambda s: original([s], *args, **kwargs), sources))
-            return [o for objs in objects for o in objs]
-
-        compiler.compile = parallel_compile
-        # setuptools adds -Wstrict-prototypes, meaningless for C++.
-        if "-Wstrict-prototypes" in compiler.compiler_so:
-            compiler.compiler_so.remove("-Wstrict-prototypes")
-        super().build_extensions()
-
-
-def _cuda_options(compile_flags):
-    """The GPU build's additions (tfring/build/cuda.py), or None for a CPU
-    library. Loaded by path: the tfring package is not importable yet."""
-    spec = importlib.util.spec_from_file_location(
-        "_tfring_build_cuda", os.path.join(HERE, "tfring", "build", "cuda.py"))
-    cuda = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cuda)
-    return cuda.cuda_build_options(compile_flags, root=HERE)
-
-
-def _write_build_info(tf_version, compile_flags, nccl_built=False):
-    with open(os.path.join(HERE, "tfring", "_build_info.py"), "w") as f:
-        f.write('"""Written by setup.py: what the op library was built against."""\n')
-        f.write(f"TF_VERSION = {tf_version!r}\n")
-        f.write(f"TF_COMPILE_FLAGS = {compile_flags!r}\n")
-        f.write("MPI_BUILT = True\n")
-        f.write(f"NCCL_BUILT = {nccl_built!r}\n")
-
-
-def _extension():
-    tf_version, compile_flags, link_flags = _tf_build_config()
-    import pybind11
-
-    mpi = _mpi_prefix()
-    gpu = _cuda_options(compile_flags) or {}
-    _write_build_info(tf_version, compile_flags, nccl_built=bool(gpu))
-    return Extension(
-        "tfring._tfring_ops",
-        sources=_sources(),
-        include_dirs=[pybind11.get_include(), os.path.join(mpi, "include")] + gpu.get("include_dirs", []),
-        library_dirs=[os.path.join(mpi, "lib")] + gpu.get("library_dirs", []),
-        libraries=["mpi"],
-        define_macros=gpu.get("define_macros", []),
-        language="c++",
-        # -fvect-cost-model=cheap: at -O2, GCC 12 only vectorises loops that
-        # need no scalar tail; the element-wise reductions need one.
-        extra_compile_args=compile_flags + ["-O2", "-fvect-cost-model=cheap", "-fvisibility=hidden",
-                                            "-Wno-deprecated-declarations"],
-        # libmpi is found through a RUNPATH relative to the installed extension
-        # (site-packages/tfring -> <prefix>/lib); the absolute path covers
-        # in-place builds. tfring also preloads libmpi before loading.
-        extra_link_args=link_flags + [
-            "-Wl,-rpath,$ORIGIN/../../..",
-            "-Wl,-rpath," + os.path.join(mpi, "lib"),
-        ] + gpu.get("extra_link_args", []),
-    )
-
+tf = _tensorflow()
+if tf is None:
+    print("tfring: TensorFlow is not importable in this build environment (pip's build "
+          "isolation hides it), so the op library is not compiled now; tfring compiles it on "
+          "first import (or when tfringrun starts) for the TensorFlow it finds.",
+          file=sys.stderr)
+    ext_modules = []
+else:
+    # Sources are listed for setuptools' bookkeeping only: BuildLibrary compiles.
+    ext_modules = [Extension("tfring._tfring_ops",
+                             sources=library.translation_units(HERE), language="c++")]
 
 setup(
     name="tfring",
-    version="0.1.0",
+    version=VERSION,
     description="Horovod-compatible data-parallel training for TensorFlow 2 and Keras 3",
     packages=find_packages(include=["tfring", "tfring.*"]),
-    ext_modules=[_extension()],
-    cmdclass={"build_ext": ParallelBuildExt},
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": BuildLibrary, "build_py": BuildPyWithSources},
     python_requires=">=3.9",
-    install_requires=["mpi4py>=4.1", "mpich", "cloudpickle", "numpy"],
+    # pybind11: its headers are needed by the on-import compile too.
+    install_requires=["mpi4py>=4.1", "mpich", "cloudpickle", "numpy", "pybind11>=2.10"],
     entry_points={"console_scripts": ["tfringrun = tfring.runner.launch:main"]},
     zip_safe=False,
 )

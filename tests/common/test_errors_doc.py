@@ -6,7 +6,7 @@ import re
 from support import ROOT
 
 DOC = os.path.join(ROOT, "docs", "errors.md")
-_REF = re.compile(r"`((?:common|tensorflow|keras|runner)/[\w/]+\.py)::(\w+)(?:\[([\w-]+)\])?`")
+_REF = re.compile(r"`((?:common|tensorflow|keras|runner|build)/[\w/]+\.py)::(\w+)(?:\[([\w-]+)\])?`")
 
 
 def references():

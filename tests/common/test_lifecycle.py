@@ -89,12 +89,3 @@ def test_rank_that_finishes_early_is_named(run_ranks):
     result = run_ranks(2, [sys.executable, "-c", EARLY_EXIT_SCRIPT], timeout=120)
     assert result.returncode == 0, result.stdout
     assert "OK 0" in result.stdout and "rank 1 finished its script" in result.stdout
-
-
-def test_tf_version_mismatch_explains_rebuild(monkeypatch):
-    from tfring import _build_info
-    from tfring.common import loader
-    monkeypatch.setattr(_build_info, "TF_VERSION", "1.0.0")
-    monkeypatch.delenv("TFRING_LIBRARY", raising=False)
-    with pytest.raises(ImportError, match=r"built against TensorFlow 1\.0\.0.*pip install"):
-        loader._check_build_info()

@@ -7,70 +7,65 @@ then the Python import of the same path. A second copy from another path
 would abort the process with "Op ... ALREADY_EXISTS".
 
 ``TFRING_LIBRARY`` (alias ``HOROVOD_LIBRARY``) points at another build of the
-library, e.g. the one Bazel produced.
+library, e.g. the one Bazel produced. Without it, the library comes from the
+install or, when that was not built for the running TensorFlow, from the
+per-TF-version build cache (:mod:`tfring.build.library`).
 """
 import ctypes
-import glob
-import importlib.machinery
 import importlib.util
 import os
 import sys
-import sysconfig
 import threading
 
 _lock = threading.Lock()
 _loaded = None  # (op_module, core_module)
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 REBUILD_HINT = (
-    "Rebuild tfring against the installed TensorFlow: from the tfring source tree run "
-    "`pip install --no-build-isolation --force-reinstall --no-deps .` "
-    "(or `pip install --no-build-isolation -e .` for a development checkout).")
+    "Without TFRING_LIBRARY, tfring builds its library for the running TensorFlow by itself "
+    "(into ~/.cache/tfring or $TFRING_CACHE_DIR); to rebuild the installed copy instead, run "
+    "`pip install --no-build-isolation --force-reinstall --no-deps .` in the tfring source tree.")
 
 
 def library_path():
-    """Returns the path of the op library to load."""
+    """Returns the path of the op library to load, building it first if there
+    is none for the running TensorFlow.
+
+    Order: ``TFRING_LIBRARY``; the library installed next to the package if it
+    was built for this TensorFlow (or carries no record, as a Bazel build
+    does); else the per-TF-version cache, compiled there on first use.
+
+    Raises:
+        ImportError: ``TFRING_LIBRARY`` names no file, or the build failed
+            (a :class:`tfring.build.library.BuildError` naming the cause).
+    """
     override = os.environ.get("TFRING_LIBRARY") or os.environ.get("HOROVOD_LIBRARY")
     if override:
         if not os.path.exists(override):
             raise ImportError(f"TFRING_LIBRARY points at {override}, which does not exist.")
         return override
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = os.path.join(_PACKAGE_DIR, "_tfring_ops" + suffix)
-        if os.path.exists(candidate):
-            return candidate
-    found = glob.glob(os.path.join(_PACKAGE_DIR, "_tfring_ops*.so"))
-    if found:
-        return found[0]
-    raise ImportError(
-        "tfring's op library (_tfring_ops) was not found next to the tfring package in "
-        f"{_PACKAGE_DIR}. It is built at install time. " + REBUILD_HINT)
+    import tensorflow as tf
+
+    from tfring.build import library
+    packaged = library.packaged_library()
+    if packaged is not None:
+        built_for = library.packaged_tf_version()
+        if built_for is None or built_for == tf.__version__:
+            return packaged
+    return library.ensure_library(tf)
 
 
 def _preload_mpi():
     """Makes libmpi resolvable however the library was built (wheel, in place, Bazel)."""
-    prefix = sysconfig.get_paths()["data"]
+    from tfring.build import library
+    try:
+        prefix = library.mpi_prefix()
+    except library.ToolMissingError:
+        return  # a library built some other way may find its MPI itself
     for name in ("libmpi.so.12", "libmpi.so"):
         path = os.path.join(prefix, "lib", name)
         if os.path.exists(path):
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             return
-
-
-def _check_build_info():
-    import tensorflow as tf
-    try:
-        from tfring import _build_info
-    except ImportError:
-        return  # A library built outside setup.py (Bazel) carries no record.
-    if os.environ.get("TFRING_LIBRARY") or os.environ.get("HOROVOD_LIBRARY"):
-        return
-    if _build_info.TF_VERSION != tf.__version__:
-        raise ImportError(
-            f"tfring was built against TensorFlow {_build_info.TF_VERSION}, but TensorFlow "
-            f"{tf.__version__} is installed; the op library is not compatible across TF "
-            "releases. " + REBUILD_HINT)
 
 
 def load():
@@ -81,7 +76,6 @@ def load():
             return _loaded
         import tensorflow as tf
 
-        _check_build_info()
         path = library_path()
         _preload_mpi()
         try:

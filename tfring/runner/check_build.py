@@ -26,17 +26,61 @@ def _flag(module, name, problems):
         return "[?]"
 
 
-def report(basics, version):
+def build_facts():
+    """(lines, problems): the running TensorFlow and which op library it gets
+    (building it into the cache first if there is none for this TF)."""
+    lines, problems = [], []
+    try:
+        import tensorflow as tf
+    except Exception as e:
+        return [], [f"TensorFlow cannot be imported: {type(e).__name__}: {e}"]
+    lines.append(f"TensorFlow {tf.__version__} ({os.path.dirname(tf.__file__)})")
+    from tfring.build import library
+    from tfring.common import loader
+    try:
+        path = loader.library_path()
+    except ImportError as e:
+        problems.append(f"op library: {e}")
+        return lines, problems
+    if os.environ.get("TFRING_LIBRARY") or os.environ.get("HOROVOD_LIBRARY"):
+        origin = "from TFRING_LIBRARY"
+    elif path == library.packaged_library():
+        built_for = library.packaged_tf_version()
+        origin = (f"installed with tfring, built for TensorFlow {built_for}" if built_for
+                  else "installed with tfring, no build record (e.g. Bazel)")
+    else:
+        info = library.read_build_info(os.path.dirname(path)) or {}
+        origin = (f"build cache, built for TensorFlow {info.get('tf_version', '?')} "
+                  f"in {info.get('seconds', '?')} s")
+    lines.append(f"Op library: {path} ({origin})")
+    return lines, problems
+
+
+def _optional_flag(module, name):
+    """[X]/[ ] for a probe that older libraries do not have (absent = not built)."""
+    fn = getattr(module, name, None)
+    try:
+        return "[X]" if fn is not None and fn() else "[ ]"
+    except Exception:
+        return "[?]"
+
+
+def report(basics, version, build=None):
     """The check-build text for an imported basics module, and whether every
-    probe could be answered."""
+    probe could be answered. ``build`` is :func:`build_facts`' result, if
+    taken."""
     problems = []
+    build_lines, build_problems = build or ([], [])
+    problems += build_problems
     has_tf = importlib.util.find_spec("tensorflow") is not None
     mpi = _flag(basics, "mpi_built", problems)
     gloo = _flag(basics, "gloo_built", problems)
+    tcp = _optional_flag(basics, "tcp_built")
     nccl = _flag(basics, "nccl_built", problems)
-    lines = [
-        f"tfring v{version}:",
-        "",
+    lines = [f"tfring v{version}:", ""]
+    if build_lines:
+        lines += build_lines + [""]
+    lines += [
         "Available Frameworks:",
         f"    [{'X' if has_tf else ' '}] TensorFlow",
         "    [ ] PyTorch",
@@ -45,6 +89,7 @@ def report(basics, version):
         "Available Controllers:",
         f"    {mpi} MPI",
         f"    {gloo} Gloo",
+        f"    {tcp} TCP",
         "",
         "Available Tensor Operations:",
         f"    {nccl} NCCL",
@@ -68,6 +113,6 @@ def main():
               file=sys.stderr)
         return 1
     version = getattr(sys.modules.get("tfring"), "__version__", "unknown")
-    text, complete = report(basics, version)
+    text, complete = report(basics, version, build_facts())
     print(text)
     return 0 if complete else 1

@@ -24,6 +24,7 @@ command line and ties them together.
 import argparse
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 
@@ -266,7 +267,28 @@ def main(argv=None):
     except mpiexec_mod.MpiexecNotFound as e:
         print(e, file=sys.stderr)
         return 1
+    code = _build_library_first()
+    if code:
+        return code
     return _launch(args, hosts, num_proc, command, extra_env, mpiexec)
+
+
+def _build_library_first():
+    """Builds the op library for this environment's TensorFlow before any rank
+    starts, when none exists yet: the progress then shows once, here, instead
+    of every rank waiting silently on one rank's compile. Checking costs no
+    TensorFlow import; only a needed build pays one. Returns an exit code, 0
+    to go on. (Ranks on other hosts, or in another environment, still build
+    on import, once per host, under the cache's lock.)"""
+    from tfring.build import library
+    import importlib.util
+    if importlib.util.find_spec("tensorflow") is None or library.library_ready_fast():
+        return 0
+    proc = subprocess.run([sys.executable, "-m", "tfring.build"], stdout=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        return _fail("the op library could not be built for this TensorFlow (see above); "
+                     "no rank was started.", 1)
+    return 0
 
 
 def _launch(args, hosts, num_proc, command, extra_env, mpiexec):

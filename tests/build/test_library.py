@@ -1,0 +1,217 @@
+"""tfring/build/library.py: the locked per-TF-version cache, the compile, the
+choice between the installed library and the cache, and the package data.
+
+The compiles here are real but small (a one-function C++ file), so these run
+in seconds; tests/build/test_install.py builds the real library in a fresh
+environment.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+
+import pytest
+
+from tfring.build import library
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A process that builds a tiny real library into ENTRY through locked_build,
+# appending one line to COUNT per compile; "started" is written to SIGNAL when
+# its build begins, and the build then waits for GO to exist, so the test can
+# hold one build open while a second process arrives.
+_BUILDER = textwrap.dedent(r"""
+    import os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from tfring.build import library
+    entry, count, signal, go, src = sys.argv[2:7]
+
+    def build(out):
+        with open(signal, "w") as f:
+            f.write("started")
+        deadline = time.time() + 60
+        while not os.path.exists(go) and time.time() < deadline:
+            time.sleep(0.05)
+        options = library.BuildOptions(sources=[src], extra_compile_args=["-fPIC", "-O0"])
+        library.compile_library(out, options, os.path.dirname(src), jobs=1,
+                                log=lambda m: None)
+        with open(count, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    path = library.locked_build(entry, build, log=lambda m: print("LOG", m, flush=True))
+    print("PATH", path, flush=True)
+""")
+
+
+def _tiny_source(tmp_path):
+    src = tmp_path / "tiny.cc"
+    src.write_text('extern "C" int tfring_tiny() { return 42; }\n')
+    return str(src)
+
+
+def _wait_for(path, timeout=60):
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_two_processes_build_once_under_the_lock(tmp_path):
+    entry = str(tmp_path / "cache" / "entry")
+    count, go = str(tmp_path / "count"), str(tmp_path / "go")
+    src = _tiny_source(tmp_path)
+
+    def start(signal):
+        return subprocess.Popen(
+            [sys.executable, "-c", _BUILDER, ROOT, entry, count, signal, go, src],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = start(str(tmp_path / "signal1"))
+    try:
+        _wait_for(str(tmp_path / "signal1"))  # the first holds the lock, mid-build
+        second = start(str(tmp_path / "signal2"))
+        try:
+            time.sleep(1.5)  # the second is now blocked on the lock
+            assert second.poll() is None, second.communicate()[0]
+            open(go, "w").close()
+            out2, _ = second.communicate(timeout=120)
+        finally:
+            second.kill()
+        out1, _ = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0 and second.returncode == 0, (out1, out2)
+    assert not os.path.exists(str(tmp_path / "signal2")), "the second process built too"
+    with open(count) as f:
+        assert len(f.read().split()) == 1
+    target = os.path.join(entry, library.LIBRARY_NAME)
+    assert f"PATH {target}" in out1 and f"PATH {target}" in out2
+    assert "another process finished building" in out2, out2
+    import ctypes
+    assert ctypes.CDLL(target).tfring_tiny() == 42
+    assert [n for n in os.listdir(entry) if n.endswith(".tmp")] == []
+
+
+def test_failed_build_leaves_nothing_and_releases_the_lock(tmp_path):
+    entry = str(tmp_path / "entry")
+
+    def broken(out):
+        with open(out, "w") as f:
+            f.write("half")
+        raise library.BuildError("compiler crashed")
+
+    with pytest.raises(library.BuildError, match="compiler crashed"):
+        library.locked_build(entry, broken)
+    assert not os.path.exists(os.path.join(entry, library.LIBRARY_NAME))
+    assert os.listdir(entry) == []
+    # The lock is free again: the next build goes through.
+    src = _tiny_source(tmp_path)
+    options = library.BuildOptions(sources=[src], extra_compile_args=["-fPIC"])
+    path = library.locked_build(
+        entry, lambda out: library.compile_library(out, options, str(tmp_path), jobs=1))
+    assert os.path.exists(path)
+
+
+def test_compile_error_reports_command_and_compiler_output(tmp_path):
+    src = tmp_path / "bad.cc"
+    src.write_text("int main() { return undefined_thing; }\n")
+    options = library.BuildOptions(sources=[str(src)], extra_compile_args=["-fPIC"])
+    with pytest.raises(library.BuildError) as info:
+        library.compile_library(str(tmp_path / "x.so"), options, str(tmp_path), jobs=1)
+    assert "compiling" in str(info.value) and "undefined_thing" in str(info.value)
+
+
+def test_missing_compiler_names_the_package_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    options = library.BuildOptions(sources=[_tiny_source(tmp_path)])
+    with pytest.raises(library.ToolMissingError) as info:
+        library.compile_library(str(tmp_path / "x.so"), options, str(tmp_path))
+    message = str(info.value)
+    assert "no C++ compiler" in message and "apt-get install g++" in message
+    assert "gcc-c++" in message and "no-such-g++" in message
+
+
+def test_bad_build_jobs_is_named(monkeypatch):
+    monkeypatch.setenv("TFRING_BUILD_JOBS", "many")
+    with pytest.raises(library.BuildError, match="TFRING_BUILD_JOBS='many'"):
+        library.build_jobs()
+
+
+def test_cache_entry_follows_tf_version_sources_and_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFRING_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "src"
+    shutil.copytree(os.path.join(ROOT, "tf_ops"), root / "tf_ops")
+    a = library.cache_entry("2.16.2", str(root))
+    assert a.startswith(str(tmp_path / "cache") + os.sep)
+    assert os.path.basename(a).startswith("tf2.16.2-")
+    assert library.cache_entry("2.16.2", str(root)) == a
+    assert library.cache_entry("2.21.0", str(root)) != a
+    assert library.cache_entry("2.16.2", str(root), variant="cuda") != a
+    (root / "tf_ops" / "common" / "common.h").write_text("// edited\n", encoding="utf-8")
+    assert library.cache_entry("2.16.2", str(root)) != a
+    monkeypatch.delenv("TFRING_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert library.cache_dir() == str(tmp_path / "xdg" / "tfring")
+
+
+def test_extra_options_merge_and_reject_unknown_fields():
+    base = library.BuildOptions(sources=["a.cc"], libraries=["mpi"])
+    merged = base.merged({"sources": ["b.cc"], "libraries": ["nccl"],
+                          "define_macros": [("TFRING_WITH_NCCL", None)]})
+    assert merged.sources == ["a.cc", "b.cc"] and merged.libraries == ["mpi", "nccl"]
+    assert merged.define_macros == [("TFRING_WITH_NCCL", None)]
+    assert base.merged(None) is base
+    with pytest.raises(library.BuildError, match="unknown build option"):
+        base.merged({"sourcez": ["x.cc"]})
+
+
+def test_installed_tf_version_matches_tensorflow():
+    import tensorflow as tf
+    assert library.installed_tf_version() == tf.__version__
+
+
+def test_loader_takes_the_cache_when_the_install_is_for_another_tf(tmp_path, monkeypatch):
+    """A packaged library built for another TF is not loaded: the cache entry
+    for the running TF is (found here without compiling: the entry is seeded
+    with a real library file)."""
+    import tensorflow as tf
+    from tfring.common import loader
+    monkeypatch.delenv("TFRING_LIBRARY", raising=False)
+    monkeypatch.delenv("HOROVOD_LIBRARY", raising=False)
+    monkeypatch.setenv("TFRING_CACHE_DIR", str(tmp_path))
+    packaged = library.packaged_library()
+    if packaged is None:
+        pytest.skip("no library installed next to the package")
+    entry = library.cache_entry(tf.__version__, library.source_root(),
+                                library.build_variant(tf))
+    monkeypatch.setattr(library, "packaged_tf_version", lambda: tf.__version__)
+    assert loader.library_path() == packaged
+    monkeypatch.setattr(library, "packaged_tf_version", lambda: "1.0.0")
+    os.makedirs(entry)
+    shutil.copy(packaged, os.path.join(entry, library.LIBRARY_NAME))
+    assert loader.library_path() == os.path.join(entry, library.LIBRARY_NAME)
+
+
+def test_wheel_carries_the_sources_and_no_library(tmp_path):
+    """A build that sees no TensorFlow (as under pip's build isolation)
+    compiles nothing and ships the C++ sources as package data."""
+    env = dict(os.environ, TFRING_SKIP_INSTALL_BUILD="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), ROOT], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-5000:]
+    wheels = list(tmp_path.glob("tfring-*.whl"))
+    assert len(wheels) == 1 and wheels[0].name.endswith("py3-none-any.whl"), wheels
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    for rel in library.source_files(ROOT):
+        assert f"tfring/_csrc/{rel}" in names, rel
+    assert "tfring/build/library.py" in names
+    assert not [n for n in names if n.endswith(".so") or n.endswith("_build_info.py")]
+    metadata = zipfile.ZipFile(wheels[0]).read(
+        [n for n in names if n.endswith("METADATA")][0]).decode()
+    assert "Requires-Dist: pybind11" in metadata

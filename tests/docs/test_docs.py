@@ -1,0 +1,71 @@
+"""The docs are linked and their runnable commands run.
+
+Convention: a fenced code block whose info string is ``bash runnable`` is
+run, as a bash script with ``set -euo pipefail``, from the repository root,
+with this Python's bin directory first on PATH (so ``tfringrun``, ``python``
+and ``mpiexec`` are this environment's). Plain ``bash`` blocks are examples
+that need something a test machine lacks (other hosts, Docker, a cluster)
+and are not run. Runnable blocks must be quick: each has a time limit.
+"""
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from support import ROOT
+
+PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT)
+                               for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+BLOCK_TIMEOUT = 600
+
+
+def _read(page):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        return f.read()
+
+
+def runnable_blocks():
+    blocks = []
+    for page in PAGES:
+        for i, (info, body) in enumerate(FENCE.findall(_read(page))):
+            if info.split() == ["bash", "runnable"]:
+                blocks.append(pytest.param(page, body, id=f"{page}#{i}"))
+    return blocks
+
+
+def test_there_are_runnable_blocks_in_every_guide():
+    pages = {p.values[0] for p in runnable_blocks()}
+    for guide in ("docs/running.md", "docs/performance.md", "docs/troubleshooting.md"):
+        assert guide in pages, f"{guide} has no `bash runnable` block"
+
+
+@pytest.mark.parametrize("page,script", runnable_blocks())
+def test_runnable_block_runs(page, script):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    result = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=BLOCK_TIMEOUT)
+    assert result.returncode == 0, (
+        f"a runnable block of {page} failed (exit {result.returncode}):\n{script}\n"
+        f"--- output ---\n{result.stdout[-6000:]}")
+
+
+def test_every_guide_is_linked_from_the_readme():
+    readme = _read("README.md")
+    for page in PAGES[1:]:
+        assert f"({page})" in readme, f"README.md does not link {page}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_resolve(page):
+    base = os.path.dirname(os.path.join(ROOT, page))
+    for target in LINK.findall(_read(page)):
+        if re.match(r"^[a-z]+:", target):
+            continue  # http(s):, mailto: ...
+        assert os.path.exists(os.path.join(base, target)), f"{page} links {target}, which is missing"
