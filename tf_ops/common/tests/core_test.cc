@@ -1,6 +1,7 @@
 // Unit tests of the framework-agnostic core that need neither TensorFlow nor
 // MPI: message serialization, fusion planning, the coordinator's validation
-// and ordering, and the element-wise arithmetic. Built and run by
+// and ordering, the element-wise arithmetic, device-aware execution
+// (executors, asynchronous completion, the data-plane selector). Built and run by
 // tests/common/test_core_cpp.py (and by Bazel as //tf_ops:core_test).
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "../ops/adasum.h"
 #include "../reduction.h"
 #include "../response_cache.h"
+#include "../tensor_queue.h"
 
 using namespace tfring;
 
@@ -762,6 +764,163 @@ static void TestResponseCache() {
   CHECK(parts.size() == 2 && parts[1].tensor_names[0] == "y" && parts[1].tensor_sizes[0] == 5);
 }
 
+// A GPU tensor on one rank and a CPU tensor on another is a mismatch; GPU
+// tensors on different ordinals are not. The device travels in both messages.
+static void TestDeviceInMessages() {
+  CHECK(DeviceName(kCpuDevice) == "CPU" && DeviceName(3) == "GPU:3");
+  CHECK(Request().device == kCpuDevice);
+  RequestList in;
+  Request gpu = Req(1, "g");
+  gpu.device = 2;
+  in.requests = {gpu, Req(1, "c")};
+  RequestList out;
+  CHECK(ParseRequestList(SerializeRequestList(in), &out).ok());
+  CHECK(out.requests.size() == 2 && out.requests[0].device == 2 &&
+        out.requests[1].device == kCpuDevice && out.requests[0] == gpu);
+  Request other = gpu;
+  other.device = 1;
+  CHECK(!(other == gpu));
+
+  ResponseList rin, rout;
+  Response r;
+  r.tensor_names = {"g"};
+  r.tensor_sizes = {4};
+  r.devices = {0, 1, kCpuDevice};
+  rin.responses = {r};
+  CHECK(ParseResponseList(SerializeResponseList(rin), &rout).ok());
+  CHECK(rout.responses.size() == 1 && rout.responses[0] == r);
+  CHECK((rout.responses[0].devices == std::vector<int32_t>{0, 1, kCpuDevice}));
+  CHECK(r.device_of(1) == 1 && r.device_of(2) == kCpuDevice && r.device_of(7) == kCpuDevice);
+  std::string bytes = SerializeResponseList(rin);
+  CHECK(!ParseResponseList(bytes.substr(0, bytes.size() - 2), &rout).ok());
+}
+
+static Request OnDevice(Request r, int32_t device) {
+  r.device = device;
+  return r;
+}
+
+static void TestDeviceMismatch() {
+  {
+    LocalController c(3);
+    Submit(c, 0, {Req(0, "x")});
+    Submit(c, 1, {OnDevice(Req(1, "x"), 0)});
+    Submit(c, 2, {Req(2, "x")});
+    auto out = c.BuildResponseList();
+    CHECK(out.responses.size() == 1 && out.responses[0].type == ResponseType::ERROR);
+    const std::string& m = out.responses[0].error_message;
+    CHECK(Contains(m, "Mismatched devices for tensor 'x'"));
+    CHECK(Contains(m, "One rank had a CPU tensor, but another rank had a GPU tensor"));
+    CHECK(Contains(m, "(ranks 0, 2: CPU; rank 1: GPU:0)."));
+  }
+  {
+    // Each rank on its own GPU: one collective, each rank's device recorded.
+    LocalController c(2);
+    Submit(c, 0, {OnDevice(Req(0, "x"), 0)});
+    Submit(c, 1, {OnDevice(Req(1, "x"), 1)});
+    auto out = c.BuildResponseList();
+    CHECK(out.responses.size() == 1 && out.responses[0].type == ResponseType::COLLECTIVE);
+    CHECK((out.responses[0].devices == std::vector<int32_t>{0, 1}));
+  }
+  {
+    // Broadcast checks devices too (before it looks at shapes).
+    LocalController c(2);
+    Submit(c, 0, {OnDevice(Req(0, "b", CollectiveType::BROADCAST), 0)});
+    Submit(c, 1, {Req(1, "b", CollectiveType::BROADCAST)});
+    auto out = c.BuildResponseList();
+    CHECK(out.responses.size() == 1 &&
+          Contains(out.responses[0].error_message, "Mismatched devices for tensor 'b'"));
+  }
+}
+
+// Fusion packs tensors into one buffer on one device: it never fuses across
+// devices, on any rank.
+static void TestFuseKeepsDevicesApart() {
+  auto resp = [](const std::string& name, std::vector<int32_t> devices) {
+    Response r;
+    r.tensor_names = {name};
+    r.tensor_sizes = {4};
+    r.devices = std::move(devices);
+    return r;
+  };
+  const std::vector<int32_t> cpu = {kCpuDevice, kCpuDevice}, gpu = {0, 0}, mixed = {0, 1};
+  auto fused = Controller::Fuse({resp("c0", cpu), resp("g0", gpu), resp("c1", cpu),
+                                 resp("m0", mixed), resp("g1", gpu), resp("m1", mixed)},
+                                1 << 20);
+  CHECK(fused.size() == 3);
+  CHECK((fused[0].tensor_names == std::vector<std::string>{"c0", "c1"}) && fused[0].devices == cpu);
+  CHECK((fused[1].tensor_names == std::vector<std::string>{"g0", "g1"}) && fused[1].devices == gpu);
+  CHECK((fused[2].tensor_names == std::vector<std::string>{"m0", "m1"}) && fused[2].devices == mixed);
+
+  // Through the coordinator: a CPU and a GPU allreduce submitted together
+  // come back as two responses.
+  LocalController c(2);
+  for (int rank = 0; rank < 2; ++rank) Submit(c, rank, {Req(rank, "a"), OnDevice(Req(rank, "b"), 0)});
+  auto out = c.BuildResponseList();
+  CHECK(out.responses.size() == 2);
+  CHECK(out.responses[0].tensor_names.size() == 1 && out.responses[1].tensor_names.size() == 1);
+
+  // The response cache treats a tensor that moved to another device as new.
+  ResponseCache cache(2);
+  Request a = Req(0, "a");
+  cache.Put(resp("a", cpu), &a);
+  CHECK(cache.Matches(cache.Find("a"), a));
+  CHECK(!cache.Matches(cache.Find("a"), OnDevice(a, 0)));
+}
+
+// A fake device event: not yet happened for `polls` queries, then `result`.
+class CountdownEvent : public DeviceEvent {
+ public:
+  CountdownEvent(int polls, Status result) : left_(polls), result_(std::move(result)) {}
+  Status Query() override {
+    ++queries;
+    if (left_ > 0) {
+      --left_;
+      return Status::InProgress();
+    }
+    return result_;
+  }
+  int queries = 0;
+
+ private:
+  int left_;
+  Status result_;
+};
+
+// An entry is negotiated only once its input is ready; a failed ready event
+// fails the entry without negotiating it.
+static void TestReadyEvents() {
+  TensorQueue q;
+  std::vector<std::string> done;
+  auto entry = [&](const std::string& name, std::shared_ptr<DeviceEvent> ready) {
+    TensorTableEntry e;
+    e.name = name;
+    e.device = ready ? 0 : kCpuDevice;
+    e.ready_event = std::move(ready);
+    e.callback = [&done, name](const Status& s, int32_t) {
+      done.push_back(name + (s.ok() ? ":ok" : ":" + s.message()));
+    };
+    return e;
+  };
+  auto slow = std::make_shared<CountdownEvent>(2, Status::OK());
+  CHECK(q.Add(entry("gpu", slow), 1).ok());
+  CHECK(q.Add(entry("cpu", nullptr), 1).ok());
+  CHECK(q.Add(entry("bad", std::make_shared<CountdownEvent>(0, Status::Aborted("stream failed"))), 1)
+            .ok());
+  std::vector<Request> reqs;
+  q.PopRequests(&reqs);
+  CHECK(reqs.size() == 1 && reqs[0].name == "cpu" && reqs[0].request_rank == 1);
+  CHECK((done == std::vector<std::string>{"bad:stream failed"}));
+  CHECK(q.size() == 2);  // "bad" is gone; "gpu" waits
+  reqs.clear();
+  q.PopRequests(&reqs);
+  CHECK(reqs.empty() && slow->queries == 2);
+  q.PopRequests(&reqs);
+  CHECK(reqs.size() == 1 && reqs[0].name == "gpu" && reqs[0].device == 0);
+  TensorTableEntry taken;
+  CHECK(q.Take("gpu", &taken) && taken.device == 0 && taken.ready_event == slow);
+}
+
 int main() {
   TestResponseCache();
   TestCacheWithGroups();
@@ -774,6 +933,10 @@ int main() {
   TestJoin();
   TestGroupsAndFusion();
   TestArithmetic();
+  TestDeviceInMessages();
+  TestDeviceMismatch();
+  TestFuseKeepsDevicesApart();
+  TestReadyEvents();
   std::printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }
