@@ -148,6 +148,11 @@ struct RunResult {
   std::unique_ptr<DeviceEvent> pending;
 };
 
+// The verdict of a collective whose steps so far returned `status`
+// (`queued`: some returned InProgress): the error, OK, or InProgress with the
+// executor's event for what is still running on the device.
+RunResult Settle(Executor& executor, const Status& status, bool queued);
+
 // Allreduce of `slots` (one tensor, or several fused): pack, reduce on
 // `plane`, unpack. `op` may be AVERAGE; the plane is asked for SUM.
 RunResult RunAllreduce(Executor& executor, DataPlane& plane, const std::vector<ReduceSlot>& slots,
