@@ -13,7 +13,8 @@ from support import ROOT
 CORE = os.path.join(ROOT, "tf_ops", "common")
 # The pieces of the core with no MPI or TF dependency.
 SOURCES = ["controller.cc", "message.cc", "fusion_buffer.cc", "reduction.cc", "common.cc",
-           "response_cache.cc", "timeline.cc",
+           "response_cache.cc", "timeline.cc", "tensor_queue.cc", "executor.cc",
+           "in_flight.cc", "ops/data_plane_selector.cc",
            "config.cc", "logging.cc", "ops/adasum.cc"]
 
 

@@ -74,6 +74,10 @@ const char* CollectiveName(CollectiveType type) {
   return "UNKNOWN";
 }
 
+std::string DeviceName(int32_t device) {
+  return IsGpuDevice(device) ? "GPU:" + std::to_string(device) : std::string("CPU");
+}
+
 int64_t NumElements(const TensorShape& shape) {
   int64_t n = 1;
   for (auto d : shape) n *= d;

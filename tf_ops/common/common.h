@@ -51,6 +51,14 @@ enum class CollectiveType : int32_t {
 
 using TensorShape = std::vector<int64_t>;
 
+// Where a tensor's memory lives, numbered as Horovod numbers it so that the
+// framework layer can pass its device id through unchanged: host memory is
+// kCpuDevice, a GPU is its ordinal (0, 1, ...). Part of the wire format.
+constexpr int32_t kCpuDevice = -1;
+inline bool IsGpuDevice(int32_t device) { return device >= 0; }
+// "CPU" or "GPU:<ordinal>", as messages show it.
+std::string DeviceName(int32_t device);
+
 int64_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
 bool IsFloatingPoint(DataType dtype);

@@ -358,6 +358,21 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
                                    ", but another rank had type " + mm.second + detail(dtype_of));
   }
 
+  // Ranks may hold a tensor on different GPUs, but not on the CPU on one rank
+  // and a GPU on another: those run on different data planes and executors.
+  auto device_kind = [](const Request& q) {
+    return std::string(IsGpuDevice(q.device) ? "GPU" : "CPU");
+  };
+  auto device_of = [](const Request& q) { return DeviceName(q.device); };
+  mm = mismatch(device_kind);
+  if (!mm.first.empty() && type != CollectiveType::BARRIER &&
+      type != CollectiveType::ADD_PROCESS_SET && type != CollectiveType::REMOVE_PROCESS_SET) {
+    return ErrorResponse(name, "Mismatched devices for tensor " + quoted + ": One rank had a " +
+                                   mm.first + " tensor, but another rank had a " + mm.second +
+                                   " tensor; every rank must place it on a GPU, or every rank "
+                                   "on the CPU" + detail(device_of));
+  }
+
   auto group_of = [](const Request& q) {
     return q.group_name.empty() ? std::string("not grouped")
                                 : "group '" + q.group_name + "' of " + std::to_string(q.group_size);
@@ -429,6 +444,11 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
   resp.prescale_factor = ref.prescale_factor;
   resp.postscale_factor = ref.postscale_factor;
   resp.root_rank = ref.root_rank;
+  // A rank that has joined never sent this tensor; it takes part with zeros
+  // on the same kind of device as the others.
+  resp.devices.resize(reqs.size());
+  for (size_t r = 0; r < reqs.size(); ++r)
+    resp.devices[r] = p.received[r] ? reqs[r].device : ref.device;
   std::string err;
 
   switch (type) {
@@ -675,7 +695,7 @@ std::vector<Response> Controller::Fuse(std::vector<Response> responses, int64_t 
         const Response& nxt = responses[j];
         if (used[j] || !fusable(nxt) || nxt.dtype != cur.dtype || nxt.reduce_op != cur.reduce_op ||
             nxt.prescale_factor != cur.prescale_factor ||
-            nxt.postscale_factor != cur.postscale_factor) {
+            nxt.postscale_factor != cur.postscale_factor || nxt.devices != cur.devices) {
           continue;
         }
         int64_t b = bytes(nxt);

@@ -45,7 +45,8 @@ class Controller {
   // --- Coordinator logic, public so it can be tested without a transport.
   void Ingest(const RequestList& list, int from_rank);
   ResponseList BuildResponseList();
-  // Merges compatible allreduces (same dtype, op and scale factors) whose
+  // Merges compatible allreduces (same dtype, op, scale factors and, on
+  // every rank, the same device: one fusion buffer lives on one device) whose
   // combined size stays within `threshold_bytes`. Order among the remaining
   // responses is kept.
   static std::vector<Response> Fuse(std::vector<Response> responses, int64_t threshold_bytes);

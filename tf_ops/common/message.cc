@@ -18,9 +18,10 @@ class Writer {
     Pod<uint64_t>(s.size());
     buf_.append(s);
   }
-  void Ints(const std::vector<int64_t>& v) {
+  template <typename T>
+  void Ints(const std::vector<T>& v) {
     Pod<uint64_t>(v.size());
-    buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+    buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
   std::string Take() { return std::move(buf_); }
 
@@ -45,12 +46,13 @@ class Reader {
     pos_ += n;
     return true;
   }
-  bool Ints(std::vector<int64_t>* v) {
+  template <typename T>
+  bool Ints(std::vector<T>* v) {
     uint64_t n;
-    if (!Pod(&n) || n > (buf_.size() - pos_) / sizeof(int64_t)) return false;
+    if (!Pod(&n) || n > (buf_.size() - pos_) / sizeof(T)) return false;
     v->resize(n);
-    if (n) std::memcpy(v->data(), buf_.data() + pos_, n * sizeof(int64_t));
-    pos_ += n * sizeof(int64_t);
+    if (n) std::memcpy(v->data(), buf_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
     return true;
   }
   bool Done() const { return pos_ == buf_.size(); }
@@ -70,7 +72,7 @@ bool Request::operator==(const Request& o) const {
          name == o.name && root_rank == o.root_rank && reduce_op == o.reduce_op &&
          prescale_factor == o.prescale_factor && postscale_factor == o.postscale_factor &&
          shape == o.shape && splits == o.splits && group_name == o.group_name &&
-         group_size == o.group_size && group_index == o.group_index;
+         group_size == o.group_size && group_index == o.group_index && device == o.device;
 }
 
 bool Response::operator==(const Response& o) const {
@@ -78,7 +80,7 @@ bool Response::operator==(const Response& o) const {
          error_message == o.error_message && dtype == o.dtype && reduce_op == o.reduce_op &&
          prescale_factor == o.prescale_factor && postscale_factor == o.postscale_factor &&
          root_rank == o.root_rank && tensor_sizes == o.tensor_sizes &&
-         int_result == o.int_result && ranks == o.ranks;
+         int_result == o.int_result && ranks == o.ranks && devices == o.devices;
 }
 
 std::string SerializeRequestList(const RequestList& list) {
@@ -101,6 +103,7 @@ std::string SerializeRequestList(const RequestList& list) {
     w.Str(r.group_name);
     w.Pod(r.group_size);
     w.Pod(r.group_index);
+    w.Pod(r.device);
   }
   return w.Take();
 }
@@ -123,7 +126,8 @@ Status ParseRequestList(const std::string& bytes, RequestList* list) {
     if (!rd.Pod(&r.request_rank) || !rd.Pod(&type) || !rd.Pod(&dtype) || !rd.Str(&r.name) ||
         !rd.Pod(&r.root_rank) || !rd.Pod(&op) || !rd.Pod(&r.prescale_factor) ||
         !rd.Pod(&r.postscale_factor) || !rd.Ints(&r.shape) || !rd.Ints(&r.splits) ||
-        !rd.Str(&r.group_name) || !rd.Pod(&r.group_size) || !rd.Pod(&r.group_index)) {
+        !rd.Str(&r.group_name) || !rd.Pod(&r.group_size) || !rd.Pod(&r.group_index) ||
+        !rd.Pod(&r.device)) {
       return bad;
     }
     r.type = static_cast<CollectiveType>(type);
@@ -158,6 +162,7 @@ std::string SerializeResponseList(const ResponseList& list) {
     w.Ints(r.tensor_sizes);
     w.Pod(r.int_result);
     w.Ints(r.ranks);
+    w.Ints(r.devices);
   }
   return w.Take();
 }
@@ -190,7 +195,8 @@ Status ParseResponseList(const std::string& bytes, ResponseList* list) {
     }
     if (!rd.Str(&r.error_message) || !rd.Pod(&dtype) || !rd.Pod(&op) ||
         !rd.Pod(&r.prescale_factor) || !rd.Pod(&r.postscale_factor) || !rd.Pod(&r.root_rank) ||
-        !rd.Ints(&r.tensor_sizes) || !rd.Pod(&r.int_result) || !rd.Ints(&r.ranks)) {
+        !rd.Ints(&r.tensor_sizes) || !rd.Pod(&r.int_result) || !rd.Ints(&r.ranks) ||
+        !rd.Ints(&r.devices)) {
       return bad;
     }
     r.type = static_cast<ResponseType>(type);

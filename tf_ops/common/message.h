@@ -30,6 +30,8 @@ struct Request {
   std::string group_name;
   int32_t group_size = 0;
   int32_t group_index = 0;
+  // Where the tensor lives on the requesting rank (kCpuDevice or a GPU ordinal).
+  int32_t device = kCpuDevice;
 
   bool operator==(const Request& o) const;
 };
@@ -64,7 +66,17 @@ struct Response {
   int32_t int_result = -1;
   // ADD/REMOVE_PROCESS_SET: the member ranks / the id being removed.
   std::vector<int64_t> ranks;
+  // COLLECTIVE: the device of the tensors on each set rank (index = set
+  // rank). Ranks agree on CPU vs GPU but may use different GPU ordinals; a
+  // fused response has the same devices for all of its tensors. Empty for
+  // errors and join.
+  std::vector<int32_t> devices;
 
+  // The device this set rank runs the response on (CPU when none is recorded).
+  int32_t device_of(int set_rank) const {
+    return set_rank >= 0 && set_rank < static_cast<int>(devices.size()) ? devices[set_rank]
+                                                                        : kCpuDevice;
+  }
   bool operator==(const Response& o) const;
 };
 

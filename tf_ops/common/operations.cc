@@ -15,7 +15,6 @@
 #include "ops/data_plane_selector.h"
 #include "parameter_manager.h"
 #include "process_set.h"
-#include "reduction.h"
 #include "timeline.h"
 
 namespace tfring {
@@ -94,84 +93,109 @@ void Phase(const std::vector<std::string>& names, const std::string& what, Clock
   for (const auto& name : names) t.Activity(name, what, start);
 }
 
-std::string PlanePhase(const ProcessSet& ps, CollectiveType type) {
-  return std::string(ps.data_plane->last_used()) + "_" + CollectiveName(type);
+std::string PlanePhase(const DataPlane& plane, CollectiveType type) {
+  return std::string(plane.last_used()) + "_" + CollectiveName(type);
 }
 
 // --- Executing responses -------------------------------------------------
+//
+// Each Perform* starts one negotiated response: it issues every data-plane
+// call of the response before returning, so each plane sees the same order
+// on every rank. A device may finish the work later; its tensors then
+// complete from the set's in-flight list (in_flight.h).
 
-// The data plane's allreduce of tensors of `counts` elements back to back;
-// Adasum needs the tensor boundaries (its dot products are per tensor).
-Status PlaneAllreduce(ProcessSet& ps, void* buf, const std::vector<int64_t>& counts,
-                      DataType dtype, ReduceOp op) {
-  if (op == ReduceOp::ADASUM) return ps.data_plane->Adasum(buf, counts, dtype);
-  int64_t count = 0;
-  for (int64_t c : counts) count += c;
-  return ps.data_plane->Allreduce(buf, count, dtype, op);
+// Waits at shutdown for collectives a device is still running.
+constexpr double kDrainSeconds = 10.0;
+// How soon the loop looks again at collectives a device is running.
+constexpr std::chrono::microseconds kInFlightPoll{100};
+
+// Completes `entries` with the run's verdict now, or once the device has
+// finished. `keep` (scratch outputs) lives until then; a failed `alloc`
+// overrides a successful run.
+void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, RunResult run,
+                      Status alloc = Status::OK(), std::shared_ptr<void> keep = nullptr) {
+  if (!run.status.in_progress()) {
+    const Status s = alloc.ok() ? run.status : alloc;
+    for (auto& e : entries) Complete(e, s);
+    return;
+  }
+  auto held = std::make_shared<std::vector<TensorTableEntry>>(std::move(entries));
+  ps.in_flight.Add(std::move(run.pending), [held, alloc, keep](const Status& s) {
+    for (auto& e : *held) Complete(e, alloc.ok() ? s : alloc);
+  });
+}
+
+// The plane and executor for a collective of `bytes` on `device`.
+Status Route(ProcessSet& ps, CollectiveType type, int32_t device, int64_t bytes, DataPlane** plane,
+             Executor** executor) {
+  *plane = ps.data_plane->Select(type, device, bytes);
+  return ps.executors.Get(device, (*plane)->on_gpu(), executor);
+}
+
+// Collectives other than the reductions have no executor steps yet: their
+// plane reads and writes the tensors directly, so it must work in the
+// tensors' memory. Host staging for them is still to come.
+Status CheckDirect(const DataPlane& plane, int32_t device, CollectiveType type) {
+  if (IsGpuDevice(device) && !plane.on_gpu()) {
+    return Status::InvalidArgument(std::string("tfring: ") + CollectiveName(type) +
+                                   " of tensors on " + DeviceName(device) +
+                                   " needs a GPU data plane; host staging only covers "
+                                   "allreduce and reducescatter so far");
+  }
+  return Status::OK();
+}
+
+int64_t TotalBytes(const Response& r) {
+  int64_t n = 0;
+  for (int64_t c : r.tensor_sizes) n += c;
+  return n * DataTypeSize(r.dtype);
 }
 
 void PerformAllreduce(ProcessSet& ps, const Response& r) {
   const size_t n = r.tensor_names.size();
-  std::vector<TensorTableEntry> entries(n);
-  std::vector<bool> have(n);
-  for (size_t i = 0; i < n; ++i) have[i] = ps.queue.Take(r.tensor_names[i], &entries[i]);
-
-  const int64_t esize = DataTypeSize(r.dtype);
-  const ReduceOp op = r.reduce_op == ReduceOp::AVERAGE ? ReduceOp::SUM : r.reduce_op;
-  Status s;
-  if (n == 1 && have[0]) {
-    // One tensor: reduce straight in its output, no fusion copy.
-    TensorTableEntry& e = entries[0];
-    const int64_t count = r.tensor_sizes[0];
-    if (e.output != e.input) std::memcpy(e.output, e.input, count * esize);
-    s = ScaleBuffer(e.output, count, r.dtype, r.prescale_factor);
-    const auto start = Clock::now();
-    if (s.ok()) s = PlaneAllreduce(ps, e.output, r.tensor_sizes, r.dtype, op);
-    Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLREDUCE), start);
-    if (s.ok())
-      s = FinishReduction(e.output, count, r.dtype, r.reduce_op, r.postscale_factor, ps.size());
-  } else {
-    std::vector<int64_t> bytes(n);
-    for (size_t i = 0; i < n; ++i) bytes[i] = r.tensor_sizes[i] * esize;
-    FusionLayout layout = PlanFusion(bytes);
-    auto start = Clock::now();
-    char* buf = static_cast<char*>(ps.fusion_buffer.Get(layout.total_bytes));
-    for (size_t i = 0; i < n; ++i) {
-      // A rank that has joined contributes zeros for tensors it never submitted.
-      if (have[i]) {
-        std::memcpy(buf + layout.offsets[i], entries[i].input, bytes[i]);
-      } else {
-        std::memset(buf + layout.offsets[i], 0, bytes[i]);
-      }
-    }
-    const int64_t count = layout.total_bytes / esize;
-    s = ScaleBuffer(buf, count, r.dtype, r.prescale_factor);
-    Phase(r.tensor_names, "MEMCPY_IN_FUSION_BUFFER", start);
-    start = Clock::now();
-    if (s.ok()) s = PlaneAllreduce(ps, buf, r.tensor_sizes, r.dtype, op);
-    Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLREDUCE), start);
-    start = Clock::now();
-    if (s.ok()) s = FinishReduction(buf, count, r.dtype, r.reduce_op, r.postscale_factor, ps.size());
-    if (s.ok()) {
-      for (size_t i = 0; i < n; ++i)
-        if (have[i]) std::memcpy(entries[i].output, buf + layout.offsets[i], bytes[i]);
-    }
-    Phase(r.tensor_names, "MEMCPY_OUT_FUSION_BUFFER", start);
+  std::vector<TensorTableEntry> mine;
+  std::vector<ReduceSlot> slots(n);
+  for (size_t i = 0; i < n; ++i) {
+    slots[i].count = r.tensor_sizes[i];
+    TensorTableEntry e;
+    // A rank that has joined has no entry: its slot stays empty (zeros).
+    if (!ps.queue.Take(r.tensor_names[i], &e)) continue;
+    slots[i].input = e.input;
+    slots[i].output = e.output;
+    mine.push_back(std::move(e));
   }
-  for (size_t i = 0; i < n; ++i)
-    if (have[i]) Complete(entries[i], s);
+  const int32_t device = r.device_of(ps.rank);
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  RunResult run;
+  run.status = Route(ps, CollectiveType::ALLREDUCE, device, TotalBytes(r), &plane, &executor);
+  if (run.status.ok() && r.reduce_op == ReduceOp::ADASUM && !IsGpuDevice(device)) {
+    // Only some host planes implement Adasum: the selector, used as a plane,
+    // sends it to one that does.
+    plane = ps.data_plane.get();
+  }
+  if (run.status.ok()) {
+    auto phase = [&r](const std::string& what, Clock::time_point start) {
+      Phase(r.tensor_names, what, start);
+    };
+    run = RunAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
+                       r.postscale_factor, ps.size(), phase);
+  }
+  CompleteWhenDone(ps, std::move(mine), std::move(run));
 }
 
 // Allocates the entry's output; if that fails the rank still takes part in
 // the collective (through `scratch`) so the other ranks are not left waiting.
-void* AllocateOrScratch(TensorTableEntry& e, const TensorShape& shape, std::vector<char>* scratch,
-                        Status* s) {
+// (Host memory: GPU outputs will need device scratch from their executor.)
+void* AllocateOrScratch(TensorTableEntry& e, const TensorShape& shape,
+                        std::shared_ptr<std::vector<char>>* scratch, Status* s) {
   void* out = nullptr;
   *s = e.allocate_output ? e.allocate_output(shape, &out)
                          : Status::Unknown("tfring: no output allocator for '" + e.name + "'");
   if (s->ok()) return out;
-  scratch->resize(std::max<int64_t>(1, NumElements(shape) * DataTypeSize(e.dtype)));
-  return scratch->data();
+  *scratch = std::make_shared<std::vector<char>>(
+      std::max<int64_t>(1, NumElements(shape) * DataTypeSize(e.dtype)));
+  return (*scratch)->data();
 }
 
 int64_t RowElements(const TensorShape& shape) {
@@ -187,28 +211,51 @@ void PerformAllgather(ProcessSet& ps, const Response& r) {
   TensorShape out_shape = e.shape;
   out_shape[0] = 0;
   std::vector<int64_t> recv_bytes(ps.size());
+  int64_t total = 0;
   for (int i = 0; i < ps.size(); ++i) {
     out_shape[0] += r.tensor_sizes[i];
     recv_bytes[i] = r.tensor_sizes[i] * row_bytes;
+    total += recv_bytes[i];
   }
-  std::vector<char> scratch;
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  Status s = Route(ps, CollectiveType::ALLGATHER, e.device, total, &plane, &executor);
+  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::ALLGATHER);
+  if (!s.ok()) return Complete(e, s);
+  std::shared_ptr<std::vector<char>> scratch;
   Status alloc;
   void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
   const auto start = Clock::now();
-  Status s = ps.data_plane->Allgather(e.input, out, recv_bytes);
-  Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLGATHER), start);
-  Complete(e, alloc.ok() ? s : alloc);
+  s = plane->Allgather(e.input, out, recv_bytes);
+  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLGATHER), start);
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(e));
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, s.in_progress()), alloc, scratch);
 }
 
 void PerformBroadcast(ProcessSet& ps, const Response& r) {
   TensorTableEntry e;
   if (!ps.queue.Take(r.tensor_names[0], &e)) return;
   const int64_t bytes = e.input_bytes();
-  if (ps.rank == r.root_rank && e.output != e.input) std::memcpy(e.output, e.input, bytes);
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  Status s = Route(ps, CollectiveType::BROADCAST, e.device, bytes, &plane, &executor);
+  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::BROADCAST);
+  if (!s.ok()) return Complete(e, s);
+  bool queued = false;
+  if (ps.rank == r.root_rank && e.output != e.input) {
+    s = executor->Copy(e.output, e.input, bytes);
+    queued |= s.in_progress();
+  }
   const auto start = Clock::now();
-  Status s = ps.data_plane->Broadcast(e.output, bytes, r.root_rank);
-  Phase(r.tensor_names, PlanePhase(ps, CollectiveType::BROADCAST), start);
-  Complete(e, s);
+  if (s.ok() || s.in_progress()) {
+    s = plane->Broadcast(e.output, bytes, r.root_rank);
+    queued |= s.in_progress();
+  }
+  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::BROADCAST), start);
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(e));
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, queued));
 }
 
 void PerformAlltoall(ProcessSet& ps, const Response& r) {
@@ -219,20 +266,32 @@ void PerformAlltoall(ProcessSet& ps, const Response& r) {
   std::vector<int64_t> send(n), recv(n), received_splits(n);
   TensorShape out_shape = e.shape;
   out_shape[0] = 0;
+  int64_t total = 0;
   for (int j = 0; j < n; ++j) {
     send[j] = r.tensor_sizes[ps.rank * n + j] * row_bytes;
     received_splits[j] = r.tensor_sizes[j * n + ps.rank];
     recv[j] = received_splits[j] * row_bytes;
     out_shape[0] += received_splits[j];
+    total += send[j];
   }
-  std::vector<char> scratch;
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  Status s = Route(ps, CollectiveType::ALLTOALL, e.device, total, &plane, &executor);
+  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::ALLTOALL);
+  if (!s.ok()) return Complete(e, s);
+  std::shared_ptr<std::vector<char>> scratch;
   Status alloc;
   void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
   const auto start = Clock::now();
-  Status s = ps.data_plane->Alltoall(e.input, send, out, recv);
-  Phase(r.tensor_names, PlanePhase(ps, CollectiveType::ALLTOALL), start);
-  if (s.ok() && alloc.ok() && e.set_received_splits) e.set_received_splits(received_splits);
-  Complete(e, alloc.ok() ? s : alloc);
+  s = plane->Alltoall(e.input, send, out, recv);
+  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLTOALL), start);
+  // The splits are known now; the output's bytes only once the device is done.
+  if ((s.ok() || s.in_progress()) && alloc.ok() && e.set_received_splits) {
+    e.set_received_splits(received_splits);
+  }
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(e));
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, s.in_progress()), alloc, scratch);
 }
 
 void PerformReducescatter(ProcessSet& ps, const Response& r) {
@@ -246,24 +305,21 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
   out_shape[0] = counts[ps.rank] / std::max<int64_t>(row_elems, 1);
   if (row_elems == 0) out_shape[0] = rows / n + (ps.rank < rows % n ? 1 : 0);
 
-  const ReduceOp op = r.reduce_op == ReduceOp::AVERAGE ? ReduceOp::SUM : r.reduce_op;
-  const void* send = e.input;
-  Status s;
-  if (r.prescale_factor != 1.0) {
-    void* buf = ps.fusion_buffer.Get(e.input_bytes());
-    std::memcpy(buf, e.input, e.input_bytes());
-    s = ScaleBuffer(buf, NumElements(e.shape), e.dtype, r.prescale_factor);
-    send = buf;
-  }
-  std::vector<char> scratch;
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  Status s = Route(ps, CollectiveType::REDUCESCATTER, e.device, e.input_bytes(), &plane, &executor);
+  if (!s.ok()) return Complete(e, s);
+  std::shared_ptr<std::vector<char>> scratch;
   Status alloc;
   void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
-  const auto start = Clock::now();
-  Status rs = ps.data_plane->Reducescatter(send, out, counts, e.dtype, op);
-  Phase(r.tensor_names, PlanePhase(ps, CollectiveType::REDUCESCATTER), start);
-  if (s.ok()) s = rs;
-  if (s.ok()) s = FinishReduction(out, counts[ps.rank], e.dtype, r.reduce_op, r.postscale_factor, n);
-  Complete(e, alloc.ok() ? s : alloc);
+  auto phase = [&r](const std::string& what, Clock::time_point start) {
+    Phase(r.tensor_names, what, start);
+  };
+  RunResult run = RunReducescatter(*executor, *plane, e.input, out, counts, ps.rank, e.dtype,
+                                   r.reduce_op, r.prescale_factor, r.postscale_factor, phase);
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(e));
+  CompleteWhenDone(ps, std::move(entries), std::move(run), alloc, scratch);
 }
 
 void PerformAddProcessSet(ProcessSet& global, const Response& r) {
@@ -290,8 +346,10 @@ void PerformRemoveProcessSet(ProcessSet& global, const Response& r) {
   } else if (!(removed = state().process_sets.Remove(id))) {
     s = Status::InvalidArgument("tfring: there is no process set with id " + std::to_string(id));
   } else {
-    removed->queue.FailAll(Status::InvalidArgument(
-        "tfring: process set " + std::to_string(id) + " was removed while this collective waited"));
+    const Status gone = Status::InvalidArgument(
+        "tfring: process set " + std::to_string(id) + " was removed while this collective waited");
+    removed->in_flight.Drain(kDrainSeconds, gone);
+    removed->queue.FailAll(gone);
   }
   if (have) Complete(e, s);
 }
@@ -315,7 +373,7 @@ void PerformOperation(ProcessSet& ps, const Response& r) {
     case CollectiveType::BARRIER: {
       TensorTableEntry e;
       const bool have = ps.queue.Take(r.tensor_names[0], &e);
-      Status s = ps.data_plane->Barrier();
+      Status s = ps.data_plane->Select(CollectiveType::BARRIER, kCpuDevice, 0)->Barrier();
       if (have) Complete(e, s);
       break;
     }
@@ -370,6 +428,8 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed) {
   for (const auto& ps : st.process_sets.All()) {
     // A set removed earlier in this round is gone on every rank alike.
     if (!ps->included() || !st.process_sets.Get(ps->id)) continue;
+    // Collectives the device has finished since the last look complete first.
+    *executed += ps->in_flight.Poll();
     RequestList mine;
     ps->queue.PopRequests(&mine.requests);
     if (ps->id == kGlobalProcessSetId && st.shutdown_requested) {
@@ -393,6 +453,7 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed) {
     }
     for (const Response& r : responses.responses) PerformOperation(*ps, r);
     *executed += static_cast<int>(responses.responses.size());
+    *executed += ps->in_flight.Poll();
     if (ps->id == kGlobalProcessSetId) {
       if (responses.has_params) ApplyTunedParams(responses);
       if (st.tuner) {
@@ -466,7 +527,16 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
 bool HasPendingWork() {
   for (const auto& ps : state().process_sets.All()) {
     if (!ps->included()) continue;
-    if (ps->queue.size() > 0 || ps->controller->HasPendingHits()) return true;
+    if (ps->queue.size() > 0 || ps->controller->HasPendingHits() || !ps->in_flight.empty())
+      return true;
+  }
+  return false;
+}
+
+// True while a device is still running collectives this rank started.
+bool HasInFlight() {
+  for (const auto& ps : state().process_sets.All()) {
+    if (ps->included() && !ps->in_flight.empty()) return true;
   }
   return false;
 }
@@ -495,7 +565,11 @@ void BackgroundLoop() {
     const Clock::duration cycle = cycle_now();
     const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
     Clock::duration wait = cycle;
-    if (executed == 0 && !HasPendingWork()) {
+    if (HasInFlight()) {
+      // A device may finish any moment: look again soon, not at the next tick.
+      wait = std::min<Clock::duration>(cycle, kInFlightPoll);
+      idle_wait = cycle;
+    } else if (executed == 0 && !HasPendingWork()) {
       idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
       wait = idle_wait;
     } else {
@@ -510,7 +584,11 @@ void BackgroundLoop() {
     st.stopped = true;
     st.stopped_status = why;
   }
-  for (const auto& ps : st.process_sets.All()) ps->queue.FailAll(why);
+  for (const auto& ps : st.process_sets.All()) {
+    // Outputs a device is still writing are handed back only once it is done.
+    ps->in_flight.Drain(kDrainSeconds, why);
+    ps->queue.FailAll(why);
+  }
   st.timeline.Stop();
   if (broken) {
     // MPI operations may still be pending on these communicators and a peer

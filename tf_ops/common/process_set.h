@@ -1,6 +1,7 @@
 // A process set is a group of ranks that runs its own collectives: its own
-// queue of pending tensors, its own negotiation (controller) and its own data
-// plane. Id 0 is the global set of all ranks.
+// queue of pending tensors, its own negotiation (controller), its own data
+// plane, and its own executors (one per device, each with its fusion
+// buffer). Id 0 is the global set of all ranks.
 #ifndef TFRING_COMMON_PROCESS_SET_H
 #define TFRING_COMMON_PROCESS_SET_H
 
@@ -11,7 +12,8 @@
 
 #include "controller.h"
 #include "peer_monitor.h"
-#include "fusion_buffer.h"
+#include "executor.h"
+#include "in_flight.h"
 #include "ops/data_plane.h"
 #include "tensor_queue.h"
 
@@ -24,7 +26,8 @@ struct ProcessSet {
   TensorQueue queue;
   std::unique_ptr<Controller> controller;  // null when not a member
   std::unique_ptr<DataPlane> data_plane;   // null when not a member
-  FusionBuffer fusion_buffer;
+  ExecutorTable executors;
+  InFlight in_flight;  // started collectives the device has not finished
 
   bool included() const { return rank >= 0; }
   int size() const { return static_cast<int>(ranks.size()); }

@@ -28,7 +28,7 @@ class ResponseCache {
   // The bit of the entry cached under `name`, or -1.
   int Find(const std::string& name) const;
   // True if bit `bit` holds `req`'s tensor with exactly this rank's request
-  // (shape, dtype, op, root, scale factors, splits).
+  // (shape, dtype, op, root, scale factors, splits, device).
   bool Matches(int bit, const Request& req) const;
   // The single-tensor response stored at `bit`; marks it recently used.
   const Response& Use(int bit);

@@ -3,20 +3,8 @@
 namespace tfring {
 
 Request TensorTableEntry::ToRequest(int32_t rank) const {
-  Request r;
+  Request r = *this;
   r.request_rank = rank;
-  r.type = type;
-  r.dtype = dtype;
-  r.name = name;
-  r.root_rank = root_rank;
-  r.reduce_op = reduce_op;
-  r.prescale_factor = prescale_factor;
-  r.postscale_factor = postscale_factor;
-  r.shape = shape;
-  r.splits = splits;
-  r.group_name = group_name;
-  r.group_size = group_size;
-  r.group_index = group_index;
   return r;
 }
 
@@ -34,10 +22,28 @@ Status TensorQueue::Add(TensorTableEntry entry, int32_t rank) {
 }
 
 void TensorQueue::PopRequests(std::vector<Request>* out) {
-  std::lock_guard<std::mutex> lock(mu_);
-  out->insert(out->end(), std::make_move_iterator(new_requests_.begin()),
-              std::make_move_iterator(new_requests_.end()));
-  new_requests_.clear();
+  std::vector<std::pair<TensorTableEntry, Status>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Request> waiting;
+    for (Request& req : new_requests_) {
+      auto it = table_.find(req.name);
+      Status ready = it == table_.end() || !it->second.ready_event
+                         ? Status::OK()
+                         : it->second.ready_event->Query();
+      if (ready.ok()) {
+        out->push_back(std::move(req));
+      } else if (ready.in_progress()) {
+        waiting.push_back(std::move(req));
+      } else {
+        failed.push_back({std::move(it->second), ready});
+        table_.erase(it);
+      }
+    }
+    new_requests_.swap(waiting);
+  }
+  // Callbacks run outside the lock: they may re-enter the queue.
+  for (auto& f : failed) f.first.callback(f.second, -1);
 }
 
 bool TensorQueue::Take(const std::string& name, TensorTableEntry* entry) {

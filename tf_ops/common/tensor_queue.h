@@ -5,12 +5,14 @@
 #define TFRING_COMMON_TENSOR_QUEUE_H
 
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common.h"
+#include "device_event.h"
 #include "message.h"
 #include "status.h"
 
@@ -24,28 +26,25 @@ using DoneCallback = std::function<void(const Status&, int32_t int_result)>;
 // Allocates an output whose shape is only known after negotiation.
 using AllocateFn = std::function<Status(const TensorShape& shape, void** data)>;
 
-struct TensorTableEntry {
-  std::string name;
-  CollectiveType type = CollectiveType::ALLREDUCE;
-  DataType dtype = DataType::FLOAT32;
-  TensorShape shape;
+// One submitted collective. Its Request part (name, type, dtype, shape,
+// device, ...) is what negotiation sees: the entry is a Request, so a new
+// request field is declared once and kernels fill it as a field of the entry.
+// The rest is what only this rank needs to run it.
+struct TensorTableEntry : Request {
   const void* input = nullptr;
   // Preallocated output for collectives whose output has the input's shape
   // (allreduce, broadcast). Others use allocate_output.
   void* output = nullptr;
   AllocateFn allocate_output;
-  int32_t root_rank = 0;
-  ReduceOp reduce_op = ReduceOp::SUM;
-  double prescale_factor = 1.0;
-  double postscale_factor = 1.0;
-  std::vector<int64_t> splits;  // ALLTOALL rows per destination; ADD_PROCESS_SET ranks
   std::function<void(const std::vector<int64_t>&)> set_received_splits;  // ALLTOALL
-  std::string group_name;
-  int32_t group_size = 0;
-  int32_t group_index = 0;
+  // When the input is not yet written (a GPU kernel's stream may still be
+  // producing it), the event that says it is; the request is only sent to
+  // negotiation once it has happened. Null: ready now (host memory).
+  std::shared_ptr<DeviceEvent> ready_event;
   DoneCallback callback;
 
   int64_t input_bytes() const { return NumElements(shape) * DataTypeSize(dtype); }
+  // The negotiation message for this entry, sent by set rank `rank`.
   Request ToRequest(int32_t rank) const;
 };
 
@@ -53,6 +52,9 @@ class TensorQueue {
  public:
   // Fails (without calling the callback) if `entry.name` is already pending.
   Status Add(TensorTableEntry entry, int32_t rank);
+  // Moves out the requests of entries whose input is ready, in submission
+  // order; entries still waiting on their ready event stay for a later
+  // cycle. An entry whose ready event fails is completed with that error.
   void PopRequests(std::vector<Request>* out);
   // Removes and returns the entry; false if this rank never submitted it.
   bool Take(const std::string& name, TensorTableEntry* entry);

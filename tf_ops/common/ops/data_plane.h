@@ -1,6 +1,12 @@
 // A data plane moves tensor bytes between the ranks of one process set. The
 // core decides what to run and in which order; a data plane only runs it.
 // All calls are collective over the set and made from the background thread.
+//
+// A plane works either in host memory or in GPU memory (on_gpu()). A CPU
+// plane finishes each call before returning. A GPU plane may instead queue
+// the collective on the stream of its executor (executor.h) and return
+// Status::InProgress: the executor's Fence() then covers it, and the core
+// polls that event rather than waiting.
 #ifndef TFRING_COMMON_OPS_DATA_PLANE_H
 #define TFRING_COMMON_OPS_DATA_PLANE_H
 
@@ -19,6 +25,17 @@ class DataPlane {
   virtual const char* name() const = 0;
   // The plane that ran the latest collective (itself, unless it delegates).
   virtual const char* last_used() const { return name(); }
+  // Whether this plane reads and writes GPU memory (else host memory).
+  virtual bool on_gpu() const { return false; }
+  // The plane that will run a `type` collective of `bytes` on tensors on
+  // `device`. A plane that delegates (the selector) names one of its planes;
+  // any other plane runs everything itself.
+  virtual DataPlane* Select(CollectiveType type, int32_t device, int64_t bytes) {
+    (void)type;
+    (void)device;
+    (void)bytes;
+    return this;
+  }
 
   // In place over `count` elements. `op` is SUM, MIN, MAX or PRODUCT:
   // averaging and scaling are the core's job.

@@ -10,9 +10,13 @@ DataPlaneSelector::DataPlaneSelector(std::unique_ptr<DataPlane> mpi, std::unique
     : mpi_(std::move(mpi)), shm_(std::move(shm)), cross_host_(std::move(cross_host)),
       choice_(choice) {}
 
-DataPlane* DataPlaneSelector::Pick(int64_t bytes) {
+DataPlane* DataPlaneSelector::Select(CollectiveType type, int32_t device, int64_t bytes) {
   DataPlane* plane = mpi_.get();
-  if (shm_ && bytes >= choice_.shm_min_bytes) {
+  if (IsGpuDevice(device) && gpu_) {
+    plane = gpu_.get();
+  } else if (type == CollectiveType::ALLTOALL || type == CollectiveType::BARRIER) {
+    // Only MPI implements these among the host planes.
+  } else if (shm_ && bytes >= choice_.shm_min_bytes) {
     plane = shm_.get();
   } else if (cross_host_ && bytes >= choice_.cross_host_min_bytes) {
     plane = cross_host_.get();
@@ -21,36 +25,39 @@ DataPlane* DataPlaneSelector::Pick(int64_t bytes) {
   return plane;
 }
 
+// Called as a plane itself, the selector moves host memory only.
 Status DataPlaneSelector::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
-  return Pick(count * DataTypeSize(dtype))->Allreduce(buffer, count, dtype, op);
+  return Select(CollectiveType::ALLREDUCE, kCpuDevice, count * DataTypeSize(dtype))
+      ->Allreduce(buffer, count, dtype, op);
 }
 
 Status DataPlaneSelector::Allgather(const void* send, void* recv,
                                     const std::vector<int64_t>& recv_bytes) {
   const int64_t total = std::accumulate(recv_bytes.begin(), recv_bytes.end(), int64_t{0});
-  return Pick(total)->Allgather(send, recv, recv_bytes);
+  return Select(CollectiveType::ALLGATHER, kCpuDevice, total)->Allgather(send, recv, recv_bytes);
 }
 
 Status DataPlaneSelector::Broadcast(void* buffer, int64_t bytes, int root) {
-  return Pick(bytes)->Broadcast(buffer, bytes, root);
+  return Select(CollectiveType::BROADCAST, kCpuDevice, bytes)->Broadcast(buffer, bytes, root);
 }
 
 Status DataPlaneSelector::Alltoall(const void* send, const std::vector<int64_t>& send_bytes,
                                    void* recv, const std::vector<int64_t>& recv_bytes) {
-  last_used_ = mpi_->name();
-  return mpi_->Alltoall(send, send_bytes, recv, recv_bytes);
+  const int64_t total = std::accumulate(send_bytes.begin(), send_bytes.end(), int64_t{0});
+  return Select(CollectiveType::ALLTOALL, kCpuDevice, total)
+      ->Alltoall(send, send_bytes, recv, recv_bytes);
 }
 
 Status DataPlaneSelector::Reducescatter(const void* send, void* recv,
                                         const std::vector<int64_t>& recv_counts, DataType dtype,
                                         ReduceOp op) {
   const int64_t total = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
-  return Pick(total * DataTypeSize(dtype))->Reducescatter(send, recv, recv_counts, dtype, op);
+  return Select(CollectiveType::REDUCESCATTER, kCpuDevice, total * DataTypeSize(dtype))
+      ->Reducescatter(send, recv, recv_counts, dtype, op);
 }
 
 Status DataPlaneSelector::Barrier() {
-  last_used_ = mpi_->name();
-  return mpi_->Barrier();
+  return Select(CollectiveType::BARRIER, kCpuDevice, 0)->Barrier();
 }
 
 Status DataPlaneSelector::Adasum(void* buffer, const std::vector<int64_t>& counts,

@@ -1,8 +1,13 @@
-// Chooses, per collective, which data plane runs it: the shared-memory plane
-// for ranks on one host when the message is big enough to gain from it, the
-// ring (or hierarchical) plane across hosts, and MPI for everything else.
-// It is itself a DataPlane, so the core never knows which plane ran what
-// except through last_used() (for the timeline).
+// Chooses, per collective, which data plane runs it. By device first: GPU
+// tensors go to the GPU plane when one is registered; without one they take
+// the host planes (host staged: their executor copies them to host memory and
+// back). Then by size, among the host planes: the shared-memory plane for
+// ranks on one host when the message is big enough to gain from it, the ring
+// (or hierarchical) plane across hosts, and MPI for everything else.
+// It is itself a (host) DataPlane, so code that only moves host bytes (e.g.
+// the topology exchange at init) uses it as one plane; the core asks
+// Select() which plane runs a collective and uses that plane's memory kind to
+// pick the executor. last_used() names the latest choice (for the timeline).
 #ifndef TFRING_COMMON_OPS_DATA_PLANE_SELECTOR_H
 #define TFRING_COMMON_OPS_DATA_PLANE_SELECTOR_H
 
@@ -31,6 +36,10 @@ class DataPlaneSelector : public DataPlane {
   // The name of the plane that ran the most recent collective.
   const char* last_used() const override { return last_used_.load(); }
   void set_choice(const DataPlaneChoice& choice) { choice_ = choice; }
+  // Registers the plane for GPU tensors (a GPU build's NCCL plane).
+  void set_gpu(std::unique_ptr<DataPlane> gpu) { gpu_ = std::move(gpu); }
+  bool has_gpu() const { return gpu_ != nullptr; }
+  DataPlane* Select(CollectiveType type, int32_t device, int64_t bytes) override;
   const DataPlaneChoice& choice() const { return choice_; }
   bool has_shm() const { return shm_ != nullptr; }
   bool has_cross_host() const { return cross_host_ != nullptr; }
@@ -47,9 +56,7 @@ class DataPlaneSelector : public DataPlane {
   Status Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) override;
 
  private:
-  DataPlane* Pick(int64_t bytes);
-
-  std::unique_ptr<DataPlane> mpi_, shm_, cross_host_;
+  std::unique_ptr<DataPlane> mpi_, shm_, cross_host_, gpu_;
   DataPlaneChoice choice_;
   std::atomic<const char*> last_used_{"MPI"};
 };

@@ -1,6 +1,7 @@
 // Unit tests of the framework-agnostic core that need neither TensorFlow nor
 // MPI: message serialization, fusion planning, the coordinator's validation
-// and ordering, and the element-wise arithmetic. Built and run by
+// and ordering, the element-wise arithmetic, device-aware execution
+// (executors, asynchronous completion, the data-plane selector). Built and run by
 // tests/common/test_core_cpp.py (and by Bazel as //tf_ops:core_test).
 #include <algorithm>
 #include <cmath>
@@ -11,17 +12,22 @@
 #include <random>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../controller.h"
+#include "../executor.h"
+#include "../in_flight.h"
+#include "../ops/data_plane_selector.h"
 #include "../fusion_buffer.h"
 #include "../message.h"
 #include "../ops/adasum.h"
 #include "../reduction.h"
 #include "../response_cache.h"
+#include "../tensor_queue.h"
 
 using namespace tfring;
 
@@ -762,6 +768,468 @@ static void TestResponseCache() {
   CHECK(parts.size() == 2 && parts[1].tensor_names[0] == "y" && parts[1].tensor_sizes[0] == 5);
 }
 
+// A GPU tensor on one rank and a CPU tensor on another is a mismatch; GPU
+// tensors on different ordinals are not. The device travels in both messages.
+static void TestDeviceInMessages() {
+  CHECK(DeviceName(kCpuDevice) == "CPU" && DeviceName(3) == "GPU:3");
+  CHECK(Request().device == kCpuDevice);
+  RequestList in;
+  Request gpu = Req(1, "g");
+  gpu.device = 2;
+  in.requests = {gpu, Req(1, "c")};
+  RequestList out;
+  CHECK(ParseRequestList(SerializeRequestList(in), &out).ok());
+  CHECK(out.requests.size() == 2 && out.requests[0].device == 2 &&
+        out.requests[1].device == kCpuDevice && out.requests[0] == gpu);
+  Request other = gpu;
+  other.device = 1;
+  CHECK(!(other == gpu));
+
+  ResponseList rin, rout;
+  Response r;
+  r.tensor_names = {"g"};
+  r.tensor_sizes = {4};
+  r.devices = {0, 1, kCpuDevice};
+  rin.responses = {r};
+  CHECK(ParseResponseList(SerializeResponseList(rin), &rout).ok());
+  CHECK(rout.responses.size() == 1 && rout.responses[0] == r);
+  CHECK((rout.responses[0].devices == std::vector<int32_t>{0, 1, kCpuDevice}));
+  CHECK(r.device_of(1) == 1 && r.device_of(2) == kCpuDevice && r.device_of(7) == kCpuDevice);
+  std::string bytes = SerializeResponseList(rin);
+  CHECK(!ParseResponseList(bytes.substr(0, bytes.size() - 2), &rout).ok());
+}
+
+static Request OnDevice(Request r, int32_t device) {
+  r.device = device;
+  return r;
+}
+
+static void TestDeviceMismatch() {
+  {
+    LocalController c(3);
+    Submit(c, 0, {Req(0, "x")});
+    Submit(c, 1, {OnDevice(Req(1, "x"), 0)});
+    Submit(c, 2, {Req(2, "x")});
+    auto out = c.BuildResponseList();
+    CHECK(out.responses.size() == 1 && out.responses[0].type == ResponseType::ERROR);
+    const std::string& m = out.responses[0].error_message;
+    CHECK(Contains(m, "Mismatched devices for tensor 'x'"));
+    CHECK(Contains(m, "One rank had a CPU tensor, but another rank had a GPU tensor"));
+    CHECK(Contains(m, "(ranks 0, 2: CPU; rank 1: GPU:0)."));
+  }
+  {
+    // Each rank on its own GPU: one collective, each rank's device recorded.
+    LocalController c(2);
+    Submit(c, 0, {OnDevice(Req(0, "x"), 0)});
+    Submit(c, 1, {OnDevice(Req(1, "x"), 1)});
+    auto out = c.BuildResponseList();
+    CHECK(out.responses.size() == 1 && out.responses[0].type == ResponseType::COLLECTIVE);
+    CHECK((out.responses[0].devices == std::vector<int32_t>{0, 1}));
+  }
+  {
+    // Broadcast checks devices too (before it looks at shapes).
+    LocalController c(2);
+    Submit(c, 0, {OnDevice(Req(0, "b", CollectiveType::BROADCAST), 0)});
+    Submit(c, 1, {Req(1, "b", CollectiveType::BROADCAST)});
+    auto out = c.BuildResponseList();
+    CHECK(out.responses.size() == 1 &&
+          Contains(out.responses[0].error_message, "Mismatched devices for tensor 'b'"));
+  }
+}
+
+// Fusion packs tensors into one buffer on one device: it never fuses across
+// devices, on any rank.
+static void TestFuseKeepsDevicesApart() {
+  auto resp = [](const std::string& name, std::vector<int32_t> devices) {
+    Response r;
+    r.tensor_names = {name};
+    r.tensor_sizes = {4};
+    r.devices = std::move(devices);
+    return r;
+  };
+  const std::vector<int32_t> cpu = {kCpuDevice, kCpuDevice}, gpu = {0, 0}, mixed = {0, 1};
+  auto fused = Controller::Fuse({resp("c0", cpu), resp("g0", gpu), resp("c1", cpu),
+                                 resp("m0", mixed), resp("g1", gpu), resp("m1", mixed)},
+                                1 << 20);
+  CHECK(fused.size() == 3);
+  CHECK((fused[0].tensor_names == std::vector<std::string>{"c0", "c1"}) && fused[0].devices == cpu);
+  CHECK((fused[1].tensor_names == std::vector<std::string>{"g0", "g1"}) && fused[1].devices == gpu);
+  CHECK((fused[2].tensor_names == std::vector<std::string>{"m0", "m1"}) && fused[2].devices == mixed);
+
+  // Through the coordinator: a CPU and a GPU allreduce submitted together
+  // come back as two responses.
+  LocalController c(2);
+  for (int rank = 0; rank < 2; ++rank) Submit(c, rank, {Req(rank, "a"), OnDevice(Req(rank, "b"), 0)});
+  auto out = c.BuildResponseList();
+  CHECK(out.responses.size() == 2);
+  CHECK(out.responses[0].tensor_names.size() == 1 && out.responses[1].tensor_names.size() == 1);
+
+  // The response cache treats a tensor that moved to another device as new.
+  ResponseCache cache(2);
+  Request a = Req(0, "a");
+  cache.Put(resp("a", cpu), &a);
+  CHECK(cache.Matches(cache.Find("a"), a));
+  CHECK(!cache.Matches(cache.Find("a"), OnDevice(a, 0)));
+}
+
+// A fake device event: not yet happened for `polls` queries, then `result`.
+class CountdownEvent : public DeviceEvent {
+ public:
+  CountdownEvent(int polls, Status result) : left_(polls), result_(std::move(result)) {}
+  Status Query() override {
+    ++queries;
+    if (left_ > 0) {
+      --left_;
+      return Status::InProgress();
+    }
+    return result_;
+  }
+  int queries = 0;
+
+ private:
+  int left_;
+  Status result_;
+};
+
+// An entry is negotiated only once its input is ready; a failed ready event
+// fails the entry without negotiating it.
+static void TestReadyEvents() {
+  TensorQueue q;
+  std::vector<std::string> done;
+  auto entry = [&](const std::string& name, std::shared_ptr<DeviceEvent> ready) {
+    TensorTableEntry e;
+    e.name = name;
+    e.device = ready ? 0 : kCpuDevice;
+    e.ready_event = std::move(ready);
+    e.callback = [&done, name](const Status& s, int32_t) {
+      done.push_back(name + (s.ok() ? ":ok" : ":" + s.message()));
+    };
+    return e;
+  };
+  auto slow = std::make_shared<CountdownEvent>(2, Status::OK());
+  CHECK(q.Add(entry("gpu", slow), 1).ok());
+  CHECK(q.Add(entry("cpu", nullptr), 1).ok());
+  CHECK(q.Add(entry("bad", std::make_shared<CountdownEvent>(0, Status::Aborted("stream failed"))), 1)
+            .ok());
+  std::vector<Request> reqs;
+  q.PopRequests(&reqs);
+  CHECK(reqs.size() == 1 && reqs[0].name == "cpu" && reqs[0].request_rank == 1);
+  CHECK((done == std::vector<std::string>{"bad:stream failed"}));
+  CHECK(q.size() == 2);  // "bad" is gone; "gpu" waits
+  reqs.clear();
+  q.PopRequests(&reqs);
+  CHECK(reqs.empty() && slow->queries == 2);
+  q.PopRequests(&reqs);
+  CHECK(reqs.size() == 1 && reqs[0].name == "gpu" && reqs[0].device == 0);
+  TensorTableEntry taken;
+  CHECK(q.Take("gpu", &taken) && taken.device == 0 && taken.ready_event == slow);
+}
+
+// --- Device-aware execution ----------------------------------------------
+
+// A data plane for tests: records what it was asked to run; Allreduce adds
+// `peers` copies of the buffer (as if that many other ranks held the same
+// values) or, when `stream` is set, queues that work there and returns
+// InProgress like a GPU plane.
+class FakePlane : public DataPlane {
+ public:
+  FakePlane(const char* name, bool gpu = false, int peers = 1) : name_(name), gpu_(gpu), peers_(peers) {}
+  const char* name() const override { return name_; }
+  bool on_gpu() const override { return gpu_; }
+  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override {
+    calls.push_back(std::string("allreduce ") + ReduceOpName(op));
+    auto work = [buffer, count, dtype, this] {
+      CHECK(dtype == DataType::FLOAT32 || dtype == DataType::INT32);
+      for (int64_t i = 0; i < count; ++i) {
+        if (dtype == DataType::FLOAT32) static_cast<float*>(buffer)[i] *= 1 + peers_;
+        else static_cast<int32_t*>(buffer)[i] *= 1 + peers_;
+      }
+    };
+    if (stream) {
+      stream->push_back(work);
+      return Status::InProgress();
+    }
+    work();
+    return Status::OK();
+  }
+  Status Allgather(const void*, void*, const std::vector<int64_t>&) override { return Status::OK(); }
+  Status Broadcast(void*, int64_t, int) override { return Status::OK(); }
+  Status Alltoall(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&) override {
+    return Status::OK();
+  }
+  // Rank `keep` of recv_counts.size() ranks: its share of the sum over 1 + peers ranks.
+  Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& counts, DataType,
+                       ReduceOp) override {
+    calls.push_back("reducescatter");
+    int64_t offset = 0;
+    for (int r = 0; r < keep; ++r) offset += counts[r];
+    for (int64_t i = 0; i < counts[keep]; ++i)
+      static_cast<float*>(recv)[i] = static_cast<const float*>(send)[offset + i] * (1 + peers_);
+    return Status::OK();
+  }
+  Status Barrier() override { return Status::OK(); }
+
+  std::vector<std::string> calls;
+  std::vector<std::function<void()>>* stream = nullptr;
+  int keep = 0;
+
+ private:
+  const char* name_;
+  bool gpu_;
+  int peers_;
+};
+
+static PhaseFn Recorder(std::vector<std::string>* phases) {
+  return [phases](const std::string& what, std::chrono::steady_clock::time_point) {
+    phases->push_back(what);
+  };
+}
+
+// Pack, scale and unpack on the CPU: fused and single-tensor paths, a joined
+// rank's zeros, averaging, and reducescatter's prescale on a copy.
+static void TestCpuExecutor() {
+  CpuExecutor cpu;
+  FakePlane plane("FAKE");  // two ranks holding the same values
+  {
+    float a[2] = {1, 2}, b[1] = {3}, out_a[2] = {0, 0}, out_b[1] = {0};
+    std::vector<ReduceSlot> slots = {{a, out_a, 2}, {b, out_b, 1}, {nullptr, nullptr, 2}};
+    PackedReduction packed;
+    CHECK(cpu.PackAllreduce(slots, DataType::FLOAT32, 2.0, &packed).ok());
+    CHECK(packed.fused && packed.count == 5 && packed.buffer == cpu.FusionBuffer(20));
+    CHECK((packed.layout.offsets == std::vector<int64_t>{0, 8, 12}));
+    const float* buf = static_cast<const float*>(packed.buffer);
+    CHECK(buf[0] == 2 && buf[1] == 4 && buf[2] == 6 && buf[3] == 0 && buf[4] == 0);
+    CHECK(a[0] == 1 && a[1] == 2);  // inputs untouched
+    CHECK(plane.Allreduce(packed.buffer, packed.count, DataType::FLOAT32, ReduceOp::SUM).ok());
+    CHECK(cpu.UnpackAllreduce(packed, slots, DataType::FLOAT32, ReduceOp::AVERAGE, 0.5, 2).ok());
+    // (x * 2 prescale) * 2 ranks / 2 (average) * 0.5 postscale = x
+    CHECK(out_a[0] == 1 && out_a[1] == 2 && out_b[0] == 3);
+  }
+  {
+    // One tensor is reduced in its own output: no fusion buffer, no phases for it.
+    int32_t in[3] = {6, 7, -7}, out[3] = {0, 0, 0};
+    std::vector<std::string> phases;
+    RunResult run = RunAllreduce(cpu, plane, {{in, out, 3}}, DataType::INT32, ReduceOp::AVERAGE,
+                                 1.0, 1.0, 3, Recorder(&phases));
+    CHECK(run.status.ok() && !run.pending);
+    // (x * 2) / 3 with C truncation: 12/3, 14/3, -14/3
+    CHECK(out[0] == 4 && out[1] == 4 && out[2] == -4 && in[0] == 6);
+    CHECK((phases == std::vector<std::string>{"FAKE_ALLREDUCE"}));
+    CHECK((plane.calls.back() == "allreduce Sum"));  // AVERAGE is a SUM on the plane
+  }
+  {
+    float x[2] = {1, 2}, y[2] = {3, 4}, ox[2], oy[2];
+    std::vector<std::string> phases;
+    RunResult run = RunAllreduce(cpu, plane, {{x, ox, 2}, {y, oy, 2}}, DataType::FLOAT32,
+                                 ReduceOp::SUM, 1.0, 1.0, 2, Recorder(&phases));
+    CHECK(run.status.ok() && ox[0] == 2 && ox[1] == 4 && oy[0] == 6 && oy[1] == 8);
+    CHECK((phases == std::vector<std::string>{"MEMCPY_IN_FUSION_BUFFER", "FAKE_ALLREDUCE",
+                                              "MEMCPY_OUT_FUSION_BUFFER"}));
+  }
+  {
+    // bool cannot be prescaled: the error comes back and the plane is not asked.
+    uint8_t t[2] = {1, 0}, o[2];
+    const size_t before = plane.calls.size();
+    std::vector<std::string> phases;
+    RunResult run = RunAllreduce(cpu, plane, {{t, o, 2}}, DataType::BOOL, ReduceOp::SUM, 2.0,
+                                 1.0, 2, Recorder(&phases));
+    CHECK(!run.status.ok() && Contains(run.status.message(), "bool") && plane.calls.size() == before);
+  }
+  {
+    // Reducescatter over 2 ranks, this rank (1) keeps elements [2, 4).
+    float in[4] = {1, 2, 3, 4}, out[2] = {0, 0};
+    plane.keep = 1;
+    std::vector<std::string> phases;
+    RunResult run = RunReducescatter(cpu, plane, in, out, {2, 2}, 1, DataType::FLOAT32,
+                                     ReduceOp::AVERAGE, 3.0, 1.0, Recorder(&phases));
+    // 3 * x * 2 ranks / 2
+    CHECK(run.status.ok() && out[0] == 9 && out[1] == 12);
+    CHECK(in[2] == 3 && in[3] == 4);  // prescaled on a copy, not on the input
+    CHECK((phases == std::vector<std::string>{"FAKE_REDUCESCATTER"}));
+    const void* send = nullptr;
+    void* recv = nullptr;
+    CHECK(cpu.PackReducescatter(in, 4, out, DataType::FLOAT32, 1.0, &send, &recv).ok());
+    CHECK(send == in && recv == out);  // nothing to scale: no copy
+  }
+}
+
+// One executor per device and staging kind, made once; GPU tensors without a
+// GPU build are a clear error.
+static void TestExecutorTable() {
+  ExecutorTable none;
+  Executor* ex = nullptr;
+  Executor* again = nullptr;
+  CHECK(none.Get(kCpuDevice, false, &ex).ok() && ex->device() == kCpuDevice);
+  CHECK(none.Get(kCpuDevice, false, &again).ok() && again == ex);
+  Status s = none.Get(0, false, &ex);
+  CHECK(!s.ok() && s.code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(Contains(s.message(), "no GPU support") && Contains(s.message(), "GPU:0"));
+  CHECK(!none.Get(kCpuDevice, true, &ex).ok());  // CPU tensors never go to a GPU plane
+
+  struct FakeGpuExecutor : CpuExecutor {
+    FakeGpuExecutor(int32_t d, bool staged) : device_(d), staged(staged) {}
+    int32_t device() const override { return device_; }
+    int32_t device_;
+    bool staged;
+  };
+  std::vector<std::string> made;
+  ExecutorTable table([&made](int32_t device, bool staged, std::unique_ptr<Executor>* out) {
+    made.push_back(DeviceName(device) + (staged ? " staged" : " direct"));
+    out->reset(new FakeGpuExecutor(device, staged));
+    return Status::OK();
+  });
+  Executor *direct = nullptr, *staged = nullptr, *other = nullptr;
+  CHECK(table.Get(0, true, &direct).ok() && table.Get(0, false, &staged).ok());
+  CHECK(table.Get(1, true, &other).ok() && table.Get(0, true, &again).ok());
+  CHECK(direct != staged && direct != other && again == direct);
+  CHECK(!static_cast<FakeGpuExecutor*>(direct)->staged && static_cast<FakeGpuExecutor*>(staged)->staged);
+  CHECK((made == std::vector<std::string>{"GPU:0 direct", "GPU:0 staged", "GPU:1 direct"}));
+  // Each executor has its own fusion buffer.
+  CHECK(table.Get(kCpuDevice, false, &ex).ok() && ex->FusionBuffer(64) != direct->FusionBuffer(64));
+}
+
+// An executor that behaves like a device: its steps are queued on a stream
+// and run only when its fence is found complete, after `polls` queries.
+class FakeStreamExecutor : public CpuExecutor {
+ public:
+  explicit FakeStreamExecutor(int polls) : polls_(polls) {}
+  int32_t device() const override { return 0; }
+  Status Copy(void* dst, const void* src, int64_t bytes) override {
+    stream.push_back([=] { std::memcpy(dst, src, bytes); });
+    return Status::InProgress();
+  }
+  Status Zero(void* dst, int64_t bytes) override {
+    stream.push_back([=] { std::memset(dst, 0, bytes); });
+    return Status::InProgress();
+  }
+  Status Scale(void* buf, int64_t count, DataType dtype, double factor) override {
+    stream.push_back([=] { ScaleBuffer(buf, count, dtype, factor); });
+    return Status::InProgress();
+  }
+  Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, double post,
+                         int ranks) override {
+    stream.push_back([=] { tfring::FinishReduction(buf, count, dtype, op, post, ranks); });
+    return Status::InProgress();
+  }
+  std::unique_ptr<DeviceEvent> Fence() override {
+    if (stream.empty()) return nullptr;
+    struct Event : DeviceEvent {
+      std::vector<std::function<void()>> work;
+      int polls;
+      int* queries;
+      Status Query() override {
+        ++*queries;
+        if (polls-- > 0) return Status::InProgress();
+        for (auto& w : work) w();
+        work.clear();
+        return Status::OK();
+      }
+    };
+    auto e = std::make_unique<Event>();
+    e->work.swap(stream);
+    e->polls = polls_;
+    e->queries = &queries;
+    return e;
+  }
+  std::vector<std::function<void()>> stream;
+  int queries = 0;
+
+ private:
+  int polls_;
+};
+
+// A plane that returns InProgress: the collective completes only once the
+// polled event has happened, and the background thread's loop (InFlight)
+// never blocks on it.
+static void TestAsyncCompletion() {
+  FakeStreamExecutor gpu(3);
+  FakePlane nccl("FAKE_GPU", true);
+  nccl.stream = &gpu.stream;
+  float a[2] = {1, 2}, b[2] = {3, 4}, oa[2] = {0, 0}, ob[2] = {0, 0};
+  std::vector<std::string> phases;
+  RunResult run = RunAllreduce(gpu, nccl, {{a, oa, 2}, {b, ob, 2}}, DataType::FLOAT32,
+                               ReduceOp::SUM, 1.0, 1.0, 2, Recorder(&phases));
+  CHECK(run.status.in_progress() && run.pending != nullptr);
+  CHECK(oa[0] == 0 && ob[1] == 0);  // nothing has run yet
+  CHECK(gpu.stream.empty());        // the fence took all the queued work
+
+  InFlight in_flight;
+  std::vector<std::string> finished;
+  in_flight.Add(std::move(run.pending), [&finished](const Status& s) {
+    finished.push_back(s.ok() ? "first" : "first failed");
+  });
+  // A second collective started after the first, whose device work fails.
+  struct Failing : DeviceEvent {
+    Status Query() override { return Status::Aborted("device error"); }
+  };
+  in_flight.Add(std::make_unique<Failing>(), [&finished](const Status& s) {
+    finished.push_back("second: " + s.message());
+  });
+  CHECK(in_flight.Poll() == 1 && in_flight.size() == 1);
+  CHECK((finished == std::vector<std::string>{"second: device error"}));
+  CHECK(in_flight.Poll() == 0 && in_flight.Poll() == 0 && oa[0] == 0);
+  CHECK(in_flight.Poll() == 1 && in_flight.empty());  // the 4th query sees it done
+  CHECK(gpu.queries == 4 && finished.back() == "first");
+  CHECK(oa[0] == 2 && oa[1] == 4 && ob[0] == 6 && ob[1] == 8);
+
+  // A plane left running with an executor that cannot wait for it.
+  CpuExecutor cpu;
+  std::vector<std::function<void()>> nowhere;
+  nccl.stream = &nowhere;
+  run = RunAllreduce(cpu, nccl, {{a, oa, 2}}, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, 2,
+                     Recorder(&phases));
+  CHECK(!run.status.ok() && !run.status.in_progress() && Contains(run.status.message(), "no event"));
+
+  // Shutdown: what does not finish in time is completed with the reason.
+  FakeStreamExecutor slow(1 << 30);
+  slow.stream.push_back([] {});
+  InFlight stuck;
+  Status got;
+  stuck.Add(slow.Fence(), [&got](const Status& s) { got = s; });
+  stuck.Drain(0.01, Status::Aborted("shut down"));
+  CHECK(stuck.empty() && got.code() == StatusCode::ABORTED && got.message() == "shut down");
+}
+
+// The selector picks by device, then by size.
+static void TestSelectorByDevice() {
+  auto* mpi = new FakePlane("MPI");
+  auto* shm = new FakePlane("SHM");
+  DataPlaneChoice choice;
+  choice.shm_min_bytes = 1024;
+  DataPlaneSelector sel{std::unique_ptr<DataPlane>(mpi), std::unique_ptr<DataPlane>(shm), nullptr,
+                        choice};
+  CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 100) == mpi);
+  CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 4096) == shm);
+  CHECK(std::string(sel.last_used()) == "SHM");
+  // No GPU plane: GPU tensors take the host planes (host staged).
+  CHECK(!sel.has_gpu() && sel.Select(CollectiveType::ALLREDUCE, 0, 4096) == shm);
+  CHECK(sel.Select(CollectiveType::ALLTOALL, 0, 4096) == mpi);
+
+  auto* gpu = new FakePlane("GPU", true);
+  sel.set_gpu(std::unique_ptr<DataPlane>(gpu));
+  for (CollectiveType t : {CollectiveType::ALLREDUCE, CollectiveType::ALLGATHER,
+                           CollectiveType::BROADCAST, CollectiveType::ALLTOALL,
+                           CollectiveType::REDUCESCATTER}) {
+    CHECK(sel.Select(t, 0, 10) == gpu && sel.Select(t, 3, 1 << 20) == gpu);
+  }
+  CHECK(std::string(sel.last_used()) == "GPU");
+  CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 4096) == shm);
+  CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 10) == mpi);
+  // Used as a plane itself, the selector moves host memory only.
+  float x[300] = {1};
+  CHECK(sel.Allreduce(x, 300, DataType::FLOAT32, ReduceOp::SUM).ok());
+  CHECK(shm->calls.size() == 1 && gpu->calls.empty() && x[0] == 2);
+
+  // The executor follows the chosen plane's memory.
+  ExecutorTable table([](int32_t, bool staged, std::unique_ptr<Executor>* out) {
+    out->reset(new FakeStreamExecutor(staged ? 1 : 2));
+    return Status::OK();
+  });
+  Executor* ex = nullptr;
+  DataPlane* plane = sel.Select(CollectiveType::ALLREDUCE, 0, 10);
+  CHECK(table.Get(0, plane->on_gpu(), &ex).ok() && ex->device() == 0);
+}
+
 int main() {
   TestResponseCache();
   TestCacheWithGroups();
@@ -774,6 +1242,14 @@ int main() {
   TestJoin();
   TestGroupsAndFusion();
   TestArithmetic();
+  TestDeviceInMessages();
+  TestDeviceMismatch();
+  TestFuseKeepsDevicesApart();
+  TestReadyEvents();
+  TestCpuExecutor();
+  TestExecutorTable();
+  TestAsyncCompletion();
+  TestSelectorByDevice();
   std::printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -1,0 +1,25 @@
+// Events the background thread polls instead of waiting on a device. A GPU
+// tensor is produced on a framework stream and reduced on a plane's stream;
+// the background thread must never block on either, because it also
+// negotiates and runs every other collective. So each point it has to wait
+// for is an event it queries once per cycle: a CUDA event in a GPU build,
+// nothing at all on the CPU (host memory is ready when it is handed over).
+#ifndef TFRING_COMMON_DEVICE_EVENT_H
+#define TFRING_COMMON_DEVICE_EVENT_H
+
+#include "status.h"
+
+namespace tfring {
+
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  // OK once the event has happened, InProgress while it has not, or the
+  // device's error (which then fails the collectives waiting on it). Never
+  // blocks; called from the background thread only.
+  virtual Status Query() = 0;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_DEVICE_EVENT_H
