@@ -17,6 +17,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from tfring.common.process_sets import global_process_set
+from tfring.keras import xla
 from tfring.tensorflow import mpi_ops
 from tfring.tensorflow.compression import Compression
 from tfring.tensorflow.gradient_aggregation import GradientReducer, LocalGradientAggregator
@@ -26,9 +27,9 @@ def _check_not_xla():
     graph = tf.compat.v1.get_default_graph()
     if control_flow_util.GraphOrParentsInXlaContext(graph):
         raise RuntimeError(
-            "tfring's collectives have no XLA kernels, and this train step is being compiled "
-            "with XLA. Compile the model with jit_compile=False (Keras 3 turns XLA on by "
-            "default on GPU machines).")
+            "tfring's collectives have no XLA kernels, and this step is being compiled with "
+            "XLA. Compile the model with jit_compile=False, and do not call tfring from "
+            "a tf.function(jit_compile=True).")
 
 
 class _DistributedState:
@@ -113,10 +114,20 @@ def _is_keras3(cls):
     return cls.__module__.startswith("keras") and hasattr(cls, "stateless_apply")
 
 
+# Hook Keras 3 when tfring.keras is imported, before scripts compile models,
+# so compile() records what jit_compile was asked for (see xla.py).
+if _is_keras3(tf.keras.optimizers.Optimizer):
+    xla.install()
+
+
 def _distributed_class(base, settings):
     if issubclass(base, _DistributedMixin):
         raise ValueError(f"{base.__name__} is already a tfring DistributedOptimizer.")
-    mixin = _Keras3Mixin if _is_keras3(base) else _TFKerasMixin
+    if _is_keras3(base):
+        xla.install()
+        mixin = _Keras3Mixin
+    else:
+        mixin = _TFKerasMixin
     # Same name and module as the base, so saved configs name the plain
     # optimizer and load anywhere (tfring.keras.load_model re-wraps it).
     return type(base.__name__, (mixin, base),
@@ -170,13 +181,22 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Returns:
         The distributed optimizer (an instance of a subclass of optimizer's class).
 
+    XLA: the collectives have no XLA kernels. Under Keras 3, a model that
+    trains with this optimizer and was compiled with the default
+    jit_compile="auto" runs without XLA even where Keras would choose XLA
+    (on a GPU machine); tfring logs a one-line notice then, once per model,
+    which jit_compile=False silences.
+
     Raises:
-        ValueError: a bad op, predivide factor or backward_passes_per_step.
-        RuntimeError: at the first step, if the train step is XLA-compiled.
+        ValueError: a bad op, predivide factor or backward_passes_per_step;
+            (Keras 3) at model.compile() or the first fit(), a model that
+            trains with this optimizer and was compiled with jit_compile=True.
+        RuntimeError: at the first step, if the step is XLA-compiled otherwise
+            (tf_keras with jit_compile=True, or tf.function(jit_compile=True)).
 
     Example:
         >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
-        >>> model.compile(optimizer=opt, loss="mse", jit_compile=False)
+        >>> model.compile(optimizer=opt, loss="mse")
     """
     settings = _settings(compression, sparse_as_dense, gradient_predivide_factor, op,
                          backward_passes_per_step, average_aggregated_gradients,
@@ -267,4 +287,5 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     if getattr(model, "optimizer", None) is not None and not isinstance(model.optimizer,
                                                                         _DistributedMixin):
         make_distributed_in_place(model.optimizer, compression=compression)
+        xla.settle_loaded(model)
     return model

@@ -136,6 +136,9 @@ def _define(keras):
             def __init__(self, fused=False, **kwargs):
                 check_fused(fused)
                 super().__init__(**kwargs)
+                # The allreduce has no XLA kernel: this makes Keras's
+                # jit_compile="auto" (and True) leave the model's steps un-XLA'd.
+                self.supports_jit = False
 
             def _moments(self, inputs, mask):
                 return global_moments(inputs, self._reduction_axes, keepdims=False, mask=mask,

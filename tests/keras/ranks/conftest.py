@@ -38,3 +38,28 @@ def shared_dir():
     hvd.barrier()
     if hvd.rank() == 0:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def gpu_like_auto(monkeypatch, keras, legacy_keras):
+    """Makes Keras 3 resolve jit_compile="auto" as on a GPU machine, on this
+    CPU-only one: the device list that Keras's resolver reads (TensorFlow's
+    list_physical_devices() without a device type) gains a GPU. TensorFlow's
+    placer and every query for a device type are untouched. tf_keras has no
+    "auto" (it defaults to no XLA), so the test is skipped there."""
+    if legacy_keras:
+        pytest.skip("tf_keras does not turn XLA on by itself")
+    real = tf.config.list_physical_devices
+    gpu = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
+
+    def list_physical_devices(device_type=None):
+        devices = real(device_type)
+        if device_type is None and not any(d.device_type == "GPU" for d in devices):
+            devices = devices + [gpu]
+        return devices
+
+    monkeypatch.setattr(tf.config, "list_physical_devices", list_physical_devices)
+    probe = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    probe.compile(optimizer=keras.optimizers.SGD(), loss="mse")
+    assert probe.jit_compile is True, "Keras would not choose XLA with this GPU"
+

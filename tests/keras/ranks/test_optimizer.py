@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import tfring.keras as hvd
 import tfring.tensorflow as hvd_tf
-from tfring.keras.optimizer import _DistributedMixin
+from tfring.keras.optimizer import _DistributedMixin, make_distributed_in_place
 from training_reference import (BATCH, FEATURES, LR, STEPS, assert_local_part_like_reference,
                                 assert_trained_like_reference, global_data, initial_weights,
                                 local_batch)
@@ -178,13 +178,117 @@ def test_save_and_load_model_rewraps_optimizer(rank, size, tmp_path):
     assert all(e == everyone[0] for e in everyone)
 
 
-def test_xla_compiled_step_gets_a_clear_error(rank, size):
+def xla_notices(caplog, model):
+    return [r for r in caplog.records
+            if r.name == "tfring" and "without XLA" in r.getMessage()
+            and f"'{model.name}'" in r.getMessage()]
+
+
+def test_default_compile_on_a_gpu_machine_trains_without_xla(rank, size, gpu_like_auto,
+                                                             caplog):
+    """Keras 3 would compile this train step with XLA (see gpu_like_auto);
+    tfring turns XLA off for it, says so once, and the model trains like the
+    reference."""
+    caplog.set_level("WARNING", logger="tfring")
     model = linear_model(rank)
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse",
-                  jit_compile=True)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse")
+    assert model.jit_compile is False
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    xs, ys = local_data(rank, size)
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert_trained_like_reference(*model.get_weights(), size)
+    model.evaluate(xs, ys, batch_size=BATCH, verbose=0)
+    model.fit(xs[:BATCH], ys[:BATCH], batch_size=BATCH, epochs=1, verbose=0)
+    notices = xla_notices(caplog, model)
+    assert len(notices) == 1, [r.getMessage() for r in caplog.records]
+    assert "jit_compile=False" in notices[0].getMessage()  # how to silence it
+    # Asking for no XLA gets no notice.
+    quiet = linear_model(rank)
+    quiet.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse",
+                  jit_compile=False)
+    quiet.fit(xs[:BATCH], ys[:BATCH], batch_size=BATCH, epochs=1, verbose=0)
+    assert not xla_notices(caplog, quiet)
+
+
+@pytest.mark.parametrize("how", ["in_place", "load_model"])
+def test_optimizer_made_distributed_after_compile_trains_without_xla(
+        rank, size, gpu_like_auto, caplog, tmp_path, how):
+    caplog.set_level("WARNING", logger="tfring")
+    model = linear_model(rank)
+    if how == "in_place":
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+        assert model.jit_compile is True  # a plain optimizer keeps Keras's XLA
+        make_distributed_in_place(model.optimizer)
+    else:
+        # Saved by a GPU machine: the saved compile config says jit_compile=True.
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse")
+        path = str(tmp_path / "model.keras")
+        model.save(path)
+        caplog.clear()  # the loaded model has the same name
+        model = hvd.load_model(path)
+        assert isinstance(model.optimizer, _DistributedMixin)
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    xs, ys = local_data(rank, size)
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert model.jit_compile is False
+    assert_trained_like_reference(*model.get_weights(), size)
+    assert len(xla_notices(caplog, model)) == 1
+
+
+def test_mixed_precision_default_compile_trains_without_xla(rank, size, gpu_like_auto):
+    """Under mixed_float16, compile() wraps the DistributedOptimizer in a
+    LossScaleOptimizer; XLA must still be turned off."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = linear_model(rank)
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)),
+                      loss="mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert not isinstance(model.optimizer, _DistributedMixin)  # Keras's wrapper is outside
+    assert model.jit_compile is False
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
     xs, ys = local_data(rank, size, steps=1)
-    with pytest.raises(Exception, match="jit_compile=False"):
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
+    # Different data on every rank: equal weights mean the gradients were averaged.
+    everyone = hvd_tf.allgather_object([w.tolist() for w in model.get_weights()])
+    assert all(e == everyone[0] for e in everyone)
+
+
+def test_explicit_jit_compile_true_gets_a_clear_error(rank, size, legacy_keras):
+    model = linear_model(rank)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR))
+    xs, ys = local_data(rank, size, steps=1)
+    if legacy_keras:
+        # tf_keras: the step's trace refuses to put a collective into XLA.
+        model.compile(optimizer=opt, loss="mse", jit_compile=True)
+        with pytest.raises(RuntimeError, match="no XLA kernels.*jit_compile=False"):
+            model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
+        return
+    with pytest.raises(ValueError, match="jit_compile=True.*no XLA kernels.*jit_compile=False"):
+        model.compile(optimizer=opt, loss="mse", jit_compile=True)
+    # Made distributed after compile(jit_compile=True): refused at the first fit().
+    model = linear_model(rank)
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse", jit_compile=True)
+    make_distributed_in_place(model.optimizer)
+    with pytest.raises(ValueError, match="jit_compile=True.*jit_compile=False"):
         model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
+
+
+def test_xla_compiled_custom_step_gets_a_clear_error(rank, size):
+    model = linear_model(rank)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR))
+    xs, ys = local_data(rank, size, steps=1)
+
+    @tf.function(jit_compile=True)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    with pytest.raises(RuntimeError, match="no XLA kernels.*tf.function.jit_compile=True."):
+        step(tf.constant(xs), tf.constant(ys))
 
 
 def test_tensorflow_distributed_optimizer_routes_keras_optimizers():
