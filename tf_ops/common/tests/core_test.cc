@@ -29,23 +29,10 @@
 #include "../response_cache.h"
 #include "../tensor_queue.h"
 
+#include "check.h"
+
 using namespace tfring;
 
-static int g_failures = 0;
-static int g_checks = 0;
-
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    ++g_checks;                                                            \
-    if (!(cond)) {                                                         \
-      ++g_failures;                                                        \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                      \
-  } while (0)
-
-static bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // A controller with no transport: tests drive Ingest/BuildResponseList directly.
 class LocalController : public Controller {
@@ -1250,6 +1237,5 @@ int main() {
   TestExecutorTable();
   TestAsyncCompletion();
   TestSelectorByDevice();
-  std::printf("%d checks, %d failed\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return CheckExitCode();
 }

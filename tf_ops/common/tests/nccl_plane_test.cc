@@ -16,23 +16,10 @@
 #include "../ops/nccl_data_plane.h"
 #include "../reduction.h"
 
+#include "check.h"
+
 using namespace tfring;
 
-static int g_failures = 0;
-static int g_checks = 0;
-
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    ++g_checks;                                                                       \
-    if (!(cond)) {                                                                    \
-      ++g_failures;                                                                   \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-    }                                                                                 \
-  } while (0)
-
-static bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 namespace {
 
@@ -773,6 +760,5 @@ int main() {
   TestRaggedCollectives();
   TestPolling();
   TestExecutorPrimitives();
-  std::printf("%d checks, %d failed\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return CheckExitCode();
 }
