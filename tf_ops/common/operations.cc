@@ -451,11 +451,13 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed) {
       for (const Response& r : responses.responses)
         for (const auto& name : r.tensor_names) st.timeline.NegotiateEnd(name);
     }
+    // Tuned values take effect before this round's collectives run: a rank
+    // woken by one of them must already see the values of that round.
+    if (ps->id == kGlobalProcessSetId && responses.has_params) ApplyTunedParams(responses);
     for (const Response& r : responses.responses) PerformOperation(*ps, r);
     *executed += static_cast<int>(responses.responses.size());
     *executed += ps->in_flight.Poll();
     if (ps->id == kGlobalProcessSetId) {
-      if (responses.has_params) ApplyTunedParams(responses);
       if (st.tuner) {
         st.tuner->RecordCycle(ReducedBytes(responses), std::chrono::steady_clock::now());
         if (st.tuner->HasUpdate()) {
