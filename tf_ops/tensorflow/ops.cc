@@ -30,6 +30,13 @@ using ::tensorflow::shape_inference::ShapeHandle;
   return ::tensorflow::OkStatus();
 }
 
+// Alltoall's rows and received splits depend on what the other ranks send.
+::tensorflow::Status AlltoallShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(FirstDimUnknown(c, 0, 0));
+  c->set_output(1, c->Vector(c->UnknownDim()));
+  return ::tensorflow::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("HorovodAllreduce")
@@ -123,11 +130,7 @@ REGISTER_OP("HorovodAlltoall")
     .Output("output: T")
     .Output("received_splits: int32")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(FirstDimUnknown(c, 0, 0));
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(AlltoallShape)
     .Doc("Sends splits[i] rows to rank i and concatenates what every rank sent here.");
 
 REGISTER_OP("HorovodReducescatter")
@@ -266,11 +269,7 @@ REGISTER_OP("TfringNamedAlltoall")
     .Output("output: T")
     .Output("received_splits: int32")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(FirstDimUnknown(c, 0, 0));
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(AlltoallShape)
     .Doc("HorovodAlltoall keyed by the `tensor_name` input (eager mode).");
 
 REGISTER_OP("TfringNamedReducescatter")
