@@ -19,6 +19,23 @@ def tfringrun(np_, args, timeout=300, env=None, extra=(), python=sys.executable)
                           stderr=subprocess.STDOUT, text=True, timeout=timeout + 60)
 
 
+SANITIZED_CXX = ["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined",
+                 "-fno-sanitize-recover=undefined", "-Wall", "-Werror"]
+
+
+def run_sanitized_cpp_test(binary, sources, flags=(), libs=(), build_timeout=900):
+    """Builds a C++ test program under ASan/UBSan and runs it; fails with the
+    compiler's or the program's output unless it reports ", 0 failed".
+    The build is ~1 min of CPU but can take minutes of wall time under load."""
+    build = subprocess.run([*SANITIZED_CXX, *flags, "-o", str(binary), *sources, *libs],
+                           capture_output=True, text=True, timeout=build_timeout)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert ", 0 failed" in run.stdout
+    return run.stdout
+
+
 def run_python(code, timeout=120, env=None):
     """Runs `code` in a fresh single-process Python (no launcher) from the
     repository root; returns the CompletedProcess (stdout and stderr apart)."""

@@ -4,11 +4,10 @@ no TensorFlow and no MPI, which is the layering this also guards."""
 import glob
 import os
 import shutil
-import subprocess
 
 import pytest
 
-from support import ROOT
+from support import ROOT, run_sanitized_cpp_test
 
 CORE = os.path.join(ROOT, "tf_ops", "common")
 # The pieces of the core with no MPI or TF dependency.
@@ -20,16 +19,9 @@ SOURCES = ["controller.cc", "message.cc", "fusion_buffer.cc", "reduction.cc", "c
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_core_unit_tests(tmp_path):
-    binary = tmp_path / "core_test"
-    cmd = ["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=undefined", "-Wall", "-Werror", "-o", str(binary),
-           os.path.join(CORE, "tests", "core_test.cc")] + [os.path.join(CORE, s) for s in SOURCES]
-    # ~1 min of CPU, but minutes of wall time on a loaded machine.
-    build = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert ", 0 failed" in run.stdout
+    run_sanitized_cpp_test(tmp_path / "core_test",
+                           [os.path.join(CORE, "tests", "core_test.cc")] +
+                           [os.path.join(CORE, s) for s in SOURCES])
 
 
 def test_core_has_no_tensorflow_includes():

@@ -4,11 +4,10 @@ with a fake NCCL/CUDA on host memory: no GPU, nccl.h or CUDA toolkit needed,
 so they run in CI. The same plane on a real GPU is tests/common/test_nccl_gpu.py."""
 import os
 import shutil
-import subprocess
 
 import pytest
 
-from support import ROOT
+from support import ROOT, run_sanitized_cpp_test
 
 CORE = os.path.join(ROOT, "tf_ops", "common")
 SOURCES = ["ops/nccl_data_plane.cc", "reduction.cc", "common.cc"]
@@ -16,18 +15,12 @@ SOURCES = ["ops/nccl_data_plane.cc", "reduction.cc", "common.cc"]
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_nccl_plane_unit_tests(tmp_path):
-    binary = tmp_path / "nccl_plane_test"
     # TFRING_NCCL_PLANE_LOGIC compiles the plane's logic, which the CPU
     # library leaves out, without TFRING_WITH_NCCL (which would need nccl.h).
-    cmd = ["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=undefined", "-Wall", "-Werror", "-DTFRING_NCCL_PLANE_LOGIC",
-           "-o", str(binary), os.path.join(CORE, "tests", "nccl_plane_test.cc")] + \
-        [os.path.join(CORE, s) for s in SOURCES] + ["-lpthread"]
-    build = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert ", 0 failed" in run.stdout
+    run_sanitized_cpp_test(tmp_path / "nccl_plane_test",
+                           [os.path.join(CORE, "tests", "nccl_plane_test.cc")] +
+                           [os.path.join(CORE, s) for s in SOURCES],
+                           flags=["-DTFRING_NCCL_PLANE_LOGIC"], libs=["-lpthread"])
 
 
 def test_cpu_library_leaves_the_gpu_code_out():
