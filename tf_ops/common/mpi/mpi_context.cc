@@ -33,16 +33,10 @@ Status MPIStatus(int code, const char* what) {
   return Status::Aborted(std::string("tfring: MPI ") + what + " failed: " + std::string(msg, len));
 }
 
-namespace {
-std::atomic<bool> g_urgent_waits{false};
-}  // namespace
-
-void SetUrgentWaits(bool urgent) { g_urgent_waits.store(urgent, std::memory_order_relaxed); }
-
 Status MPICommunicator::Wait(MPI_Request* request, const char* what, bool spin) const {
   int done = 0;
   auto sleep = std::chrono::microseconds(10);
-  const bool urgent = g_urgent_waits.load(std::memory_order_relaxed);
+  const bool urgent = UrgentWaits();
   const auto cap = urgent ? std::chrono::microseconds(100) : std::chrono::microseconds(1000);
   const int eager_polls = urgent ? 2000 : 200;
   for (int polls = 0;; ++polls) {

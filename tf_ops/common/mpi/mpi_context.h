@@ -13,6 +13,7 @@
 #include "../common.h"
 #include "../peer_monitor.h"
 #include "../status.h"
+#include "../transport/communicator.h"
 
 namespace tfring {
 
@@ -44,10 +45,6 @@ class MPICommunicator {
 };
 
 Status MPIStatus(int code, const char* what);
-
-// While this rank has collectives pending, negotiation waits poll eagerly
-// (latency matters); when it is idle they back off to 1 ms sleeps (CPU matters).
-void SetUrgentWaits(bool urgent);
 
 // The MPI datatype for `dtype` (a 2-byte opaque type for float16/bfloat16).
 MPI_Datatype MPIDataType(DataType dtype);

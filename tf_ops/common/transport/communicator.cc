@@ -23,12 +23,13 @@ constexpr int kBitsResultTag = kCollectiveTagBase + 7;
 }  // namespace
 
 void SetUrgentWaits(bool urgent) { g_urgent_waits.store(urgent, std::memory_order_relaxed); }
+bool UrgentWaits() { return g_urgent_waits.load(std::memory_order_relaxed); }
 
 Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
   if (req == nullptr) return Status::OK();
   bool done = false;
   auto sleep = std::chrono::microseconds(10);
-  const bool urgent = g_urgent_waits.load(std::memory_order_relaxed);
+  const bool urgent = UrgentWaits();
   const auto cap = urgent ? std::chrono::microseconds(100) : std::chrono::microseconds(1000);
   const int eager_polls = urgent ? 2000 : 200;
   for (int polls = 0;; ++polls) {

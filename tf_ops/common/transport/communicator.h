@@ -89,6 +89,7 @@ class Communicator {
 // While this rank has collectives pending, idle waits poll eagerly (latency
 // matters); when it is idle they back off to 1 ms sleeps (CPU matters).
 void SetUrgentWaits(bool urgent);
+bool UrgentWaits();
 
 // Small collectives built from point-to-point messages, for transports (and
 // set-up steps) that need nothing faster. Tags from kCollectiveTagBase up are
