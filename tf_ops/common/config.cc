@@ -65,6 +65,26 @@ Config Config::FromEnvironment() {
   if (const char* v = GetConfigEnv("AUTOTUNE_WARMUP_SAMPLES")) c.autotune_warmup_samples = std::atoi(v);
   if (const char* v = GetConfigEnv("AUTOTUNE_STEPS_PER_SAMPLE"))
     c.autotune_steps_per_sample = std::atoi(v);
+  if (const char* v = GetConfigEnv("SECRET")) c.secret_hex = v;
+  if (const char* v = GetConfigEnv("RENDEZVOUS_ADDR")) c.rendezvous_addr = v;
+  if (const char* v = GetConfigEnv("RENDEZVOUS_PORT")) c.rendezvous_port = std::atoi(v);
+  if (const char* v = GetConfigEnv("CONTROLLER")) {
+    std::string name(v);
+    std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+    // Horovod calls its TCP controller "gloo"; ours takes that role.
+    c.controller = name == "gloo" ? "tcp" : name;
+  } else if (!c.rendezvous_addr.empty()) {
+    c.controller = "tcp";
+  }
+  if (const char* v = GetConfigEnv("SIZE")) c.size = std::atoi(v);
+  if (const char* v = GetConfigEnv("LOCAL_SLOT")) c.local_slot = std::atoi(v);
+  if (const char* v = GetConfigEnv("HOST_ORDER")) c.host_order = std::atoi(v);
+  if (const char* v = GetConfigEnv("RANK")) c.rank_hint = std::atoi(v);
+  if (const char* v = GetConfigEnv("BIND_HOST")) c.bind_host = v;
+  if (const char* v = GetConfigEnv("HEARTBEAT_SECONDS")) c.heartbeat_seconds = std::atof(v);
+  if (const char* v = GetConfigEnv("START_TIMEOUT")) c.start_timeout_s = std::atof(v);
+  if (c.heartbeat_seconds <= 0) c.heartbeat_seconds = 1.0;
+  if (c.start_timeout_s <= 0) c.start_timeout_s = 30.0;
   if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;
   if (c.cycle_time_ms < 0) c.cycle_time_ms = 0;
   return c;

@@ -42,6 +42,32 @@ struct Config {
   int autotune_warmup_samples = 3;
   int autotune_steps_per_sample = 10;
 
+  // --- Transport (see docs/running.md, "The TCP transport").
+  // "mpi" or "tcp": which backend init() starts. HOROVOD_CONTROLLER=gloo
+  // means tcp; unset means tcp when a rendezvous address is given, else mpi.
+  std::string controller = "mpi";
+  // The job's secret, hex (TFRING_SECRET). Only the environment carries it.
+  std::string secret_hex;
+  // Where the rendezvous store listens (TFRING_RENDEZVOUS_ADDR/PORT).
+  std::string rendezvous_addr;
+  int rendezvous_port = 0;
+  // Ranks in the job (TFRING_SIZE, HOROVOD_SIZE): how many registrations to wait for.
+  int size = 0;
+  // This rank's slot on its host, and its host's index in the launcher's
+  // host list; -1 = not given (the slot is then taken from the store).
+  int local_slot = -1;
+  int host_order = -1;
+  // The job-wide rank the launcher expects this process to get, -1 if none:
+  // only used to pick this rank's name from a comma-separated TFRING_HOSTNAME.
+  int rank_hint = -1;
+  // Address the rank's own listening socket binds to: loopback for a
+  // single-host job, an interface's address with --network-interfaces.
+  std::string bind_host;
+  // Heartbeat interval between ranks; a peer silent for 3 intervals is dead.
+  double heartbeat_seconds = 1.0;
+  // Bound on the whole start-up (registration, waiting for every rank, connecting).
+  double start_timeout_s = 30.0;
+
   // The host name this rank uses for topology, given the job-wide rank.
   std::string HostnameFor(int rank, const std::string& real_host) const;
 
