@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -114,6 +115,17 @@ def test_user_hostname_reaches_the_ranks():
     proc, _ = tfringrun("--tcp", "-np", "2", sys.executable, "-c", SHOW_PLACE, env=env)
     assert proc.returncode == 0, proc.stderr
     assert {p[8] for p in places(proc.stdout).values()} == {"mybox"}
+
+
+def test_fake_hosts_get_one_name_each_in_host_order():
+    # TFRING_HOSTNAME=b,b,a fakes hosts: rank r is on the r-th; hosts are
+    # ordered as they first appear, so b (ranks 0-1) comes before a.
+    env = dict(os.environ, TFRING_HOSTNAME="b,b,a")
+    proc, _ = tfringrun("--tcp", "-np", "4", sys.executable, "-c", SHOW_PLACE, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = {r: (p[3], p[4], p[8]) for r, p in places(proc.stdout).items()}
+    assert got == {0: ("0", "0", "b"), 1: ("0", "1", "b"), 2: ("1", "0", "a"),
+                   3: ("2", "0", socket.gethostname())}
 
 
 def test_mpi_mode_names_its_controller():

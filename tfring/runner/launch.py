@@ -31,6 +31,7 @@ import argparse
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -429,21 +430,40 @@ def ssh_command(host, remote_command, port=None, identity_file=None):
     return cmd + [host, f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(remote_command)}"]
 
 
-def tcp_rank_env(placement, remote, bind_host, interfaces):
+def fake_host_names(env=os.environ):
+    """The per-rank host names of ``TFRING_HOSTNAME=a,a,b`` (alias
+    ``HOROVOD_HOSTNAME``), which fakes hosts on one machine (rank r is on the
+    r-th; ranks past the list on this machine); None for a single name or none.
+    Under MPI the core picks its name by rank; under TCP a rank knows its
+    rank only after the rendezvous, so tfringrun hands each its own name."""
+    value = env.get("TFRING_HOSTNAME") or env.get("HOROVOD_HOSTNAME") or ""
+    return [n.strip() for n in value.split(",")] if "," in value else None
+
+
+def tcp_rank_env(placement, remote, bind_host, interfaces, fake_hosts=None):
     """{rank: variables} for the ranks' place in the job: the rank tfringrun
     expects (``TFRING_LAUNCHER_RANK``), ``TFRING_HOST_ORDER`` (the host's index
     in the host list) and ``TFRING_LOCAL_SLOT`` (the rank's slot on it), and
     where it listens. Every name of this machine counts as one host, so
-    ``-H localhost:2,127.0.0.1:2`` places four ranks on one host."""
+    ``-H localhost:2,127.0.0.1:2`` places four ranks on one host, unless
+    `fake_hosts` (see :func:`fake_host_names`) splits it into fake hosts: then
+    each local rank gets its fake name as ``TFRING_HOSTNAME``, and hosts are
+    ordered by first appearance, so the ranks the core derives are tfringrun's."""
     order, slots, env = {}, {}, {}
+    real_host = socket.gethostname()
     for name, ranks in placement.items():
-        key = name if name in remote else None  # None: this machine
-        order.setdefault(key, len(order))
         for rank in ranks:
+            key, own_name = (name, None) if name in remote else (None, None)  # None: here
+            if key is None and fake_hosts is not None:
+                own_name = fake_hosts[rank] if rank < len(fake_hosts) else real_host
+                key = ("fake", own_name)
+            order.setdefault(key, len(order))
             slot = slots.get(key, 0)
             slots[key] = slot + 1
             env[rank] = {rank_wrapper.RANK_ENV: str(rank), "TFRING_HOST_ORDER": str(order[key]),
                          "TFRING_LOCAL_SLOT": str(slot)}
+            if own_name is not None:
+                env[rank]["TFRING_HOSTNAME"] = own_name
             if key is not None and interfaces:
                 # Resolved by the wrapper on that host: addresses differ per host.
                 env[rank][rank_wrapper.BIND_ENV] = ""
@@ -475,7 +495,8 @@ def _launch_tcp(args, hosts, num_proc, command, extra_env):
         job.verbose_summary(env)
         env[wire.SECRET_ENV] = wire.encode_secret(secret)
         supervisor = job.supervisor(bind, advertise)
-        per_rank = tcp_rank_env(job.placement, job.remote, bind, job.interfaces)
+        per_rank = tcp_rank_env(job.placement, job.remote, bind, job.interfaces,
+                                fake_host_names())
         specs = []
         for name, ranks in job.placement.items():
             for rank in ranks:
