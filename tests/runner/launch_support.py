@@ -16,7 +16,7 @@ LAUNCH_TIMEOUT = 60
 
 # A rank's number and the job's size, under either controller: hydra's PMI
 # variables under MPI, tfringrun's under TCP.
-RANK_AND_SIZE = ("rank = int(os.environ.get('PMI_RANK') or os.environ['TFRING_LAUNCHER_RANK']); "
+RANK_AND_SIZE = ("rank = int(os.environ.get('PMI_RANK') or os.environ['TFRING_RANK']); "
                  "size = int(os.environ.get('PMI_SIZE') or os.environ['TFRING_SIZE'])")
 
 # Rank script prologue: each rank records its pid and its wrapper's pid, then

@@ -324,7 +324,7 @@ def test_secret_and_token_are_on_no_command_line(fake_ssh, tmp_path):
 def test_tcp_rank_env_places_ranks_host_by_host():
     placement = {"localhost": [0, 1], "b": [2], "127.0.0.1": [3], "c": [4, 5]}
     env = launch.tcp_rank_env(placement, ["b", "c"], "0.0.0.0", [])
-    assert {r: (e["TFRING_LAUNCHER_RANK"], e["TFRING_HOST_ORDER"], e["TFRING_LOCAL_SLOT"],
+    assert {r: (e["TFRING_RANK"], e["TFRING_HOST_ORDER"], e["TFRING_LOCAL_SLOT"],
                 e["TFRING_BIND_HOST"]) for r, e in env.items()} == {
         0: ("0", "0", "0", "0.0.0.0"), 1: ("1", "0", "1", "0.0.0.0"),
         2: ("2", "1", "0", "0.0.0.0"),
@@ -352,7 +352,7 @@ def test_ssh_command_shape(tmp_path, monkeypatch):
 def test_wrapper_refuses_a_bad_environment_on_stdin(data, message):
     proc = subprocess.run(
         [sys.executable, rank_wrapper.__file__, "--env-stdin", "--", "true"], input=data,
-        env=dict(os.environ, TFRING_LAUNCHER_RANK="3"), capture_output=True,
+        env=dict(os.environ, TFRING_RANK="3"), capture_output=True,
         timeout=LAUNCH_TIMEOUT)
     assert proc.returncode == 1
     assert f"tfringrun: rank 3: the environment on stdin is {message}".encode() in proc.stderr
@@ -360,7 +360,7 @@ def test_wrapper_refuses_a_bad_environment_on_stdin(data, message):
 
 def test_wrapper_takes_its_environment_from_stdin():
     marker = uuid.uuid4().hex
-    env = {"TFRING_LAUNCHER_RANK": "1", "TFRING_TEST_MARK": marker,
+    env = {"TFRING_RANK": "1", "TFRING_TEST_MARK": marker,
            rank_wrapper.TOKEN_ENV: "t" * 32, "PATH": os.environ["PATH"]}
     proc = subprocess.run(
         [sys.executable, rank_wrapper.__file__, "--prefix", "--env-stdin", "--", sys.executable,

@@ -26,8 +26,8 @@ RANK = textwrap.dedent("""
     assert hvd.gloo_enabled() and not hvd.mpi_enabled()
     r, n = hvd.rank(), hvd.size()
     assert n == int(os.environ["TFRING_SIZE"]), n
-    if "TFRING_LAUNCHER_RANK" in os.environ:
-        assert r == int(os.environ["TFRING_LAUNCHER_RANK"]), r
+    if "TFRING_RANK" in os.environ:
+        assert r == int(os.environ["TFRING_RANK"]), r
     total = hvd.allreduce(tf.constant([float(r + 1), 1.0]), op=hvd.Sum)
     assert total.numpy().tolist() == [n * (n + 1) / 2, float(n)], total
     gathered = hvd.allgather(tf.constant([r]))

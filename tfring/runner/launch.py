@@ -442,7 +442,7 @@ def fake_host_names(env=os.environ):
 
 def tcp_rank_env(placement, remote, bind_host, interfaces, fake_hosts=None):
     """{rank: variables} for the ranks' place in the job: the rank tfringrun
-    expects (``TFRING_LAUNCHER_RANK``), ``TFRING_HOST_ORDER`` (the host's index
+    expects (``TFRING_RANK``), ``TFRING_HOST_ORDER`` (the host's index
     in the host list) and ``TFRING_LOCAL_SLOT`` (the rank's slot on it), and
     where it listens. Every name of this machine counts as one host, so
     ``-H localhost:2,127.0.0.1:2`` places four ranks on one host, unless

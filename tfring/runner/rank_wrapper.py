@@ -11,7 +11,7 @@ environment, not in argv, where every user's ``ps`` would show it; the
 wrapper removes it before starting the command). Over ssh the environment,
 token and TCP secret included, comes as one JSON object on stdin
 (``--env-stdin``), since a remote command line is just as visible. Under TCP
-the rank is ``TFRING_LAUNCHER_RANK``, and ``TFRING_NETWORK_INTERFACES`` is
+the rank is ``TFRING_RANK``, and ``TFRING_NETWORK_INTERFACES`` is
 turned into this host's ``TFRING_BIND_HOST``. The wrapper is needed
 because hydra (MPICH's mpiexec) neither tells its caller which rank failed
 nor ends the job when a rank that never called MPI_Init exits non-zero: the
@@ -65,7 +65,7 @@ RELEASE = "release"  # launcher -> wrapper: every rank has reported its end; exi
 # How tfringrun hands the job token to the wrappers.
 TOKEN_ENV = "TFRING_LAUNCHER_TOKEN"
 # The rank tfringrun placed here, when no MPI launcher numbers the ranks (TCP).
-RANK_ENV = "TFRING_LAUNCHER_RANK"
+RANK_ENV = "TFRING_RANK"
 # Interface names whose address (on the rank's own host) the rank listens on.
 INTERFACES_ENV = "TFRING_NETWORK_INTERFACES"
 BIND_ENV = "TFRING_BIND_HOST"
@@ -92,7 +92,7 @@ def rank_from_env(env=os.environ):
 
 def launcher_rank(env=os.environ):
     """The rank as an MPI launcher numbered it, else as tfringrun placed it
-    (``TFRING_LAUNCHER_RANK``), else None."""
+    (``TFRING_RANK``), else None."""
     rank = rank_from_env(env)
     if rank is None and env.get(RANK_ENV, "").isdigit():
         rank = int(env[RANK_ENV])
