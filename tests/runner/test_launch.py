@@ -115,8 +115,8 @@ def test_rank_killed_by_signal_is_reported(tmp_path, controller):
 
 def test_timeout_kills_a_hanging_job(tmp_path, controller):
     script = RECORD_PIDS + "time.sleep(0.1 if rank == 1 else 30)\n"
-    proc, took = tfringrun(*controller, "-np", "3", "--timeout", "2.5", sys.executable, "-c", script,
-                           str(tmp_path))
+    proc, took = tfringrun(*controller, "-np", "3", "--timeout", "2.5", sys.executable, "-c",
+                           script, str(tmp_path))
     assert proc.returncode == 124
     assert "ran past --timeout 2.5 s; ranks still running: 0, 2" in proc.stderr
     assert took < 10

@@ -15,9 +15,9 @@ job as soon as one rank fails, naming that rank and its exit code. With MPI
 (alias ``--gloo``) tfringrun needs no MPI at all: it serves the job's
 rendezvous store (:mod:`~tfring.runner.rendezvous`), makes a fresh secret
 that proves every connection belongs to the job, and starts the ranks
-itself, local ones as subprocesses and remote ones over ssh. Horovod's ``horovodrun`` flags work where they make sense; the tuning
-flags become ``TFRING_*`` variables in every rank (see
-:mod:`tfring.runner.rank_env`).
+itself, local ones as subprocesses and remote ones over ssh. Horovod's
+``horovodrun`` flags work where they make sense; the tuning flags become
+``TFRING_*`` variables in every rank (see :mod:`tfring.runner.rank_env`).
 
 The pieces: :mod:`~tfring.runner.hosts` parses host lists,
 :mod:`~tfring.runner.rank_env` builds the rank environment,

@@ -403,9 +403,9 @@ class Supervisor:
     # -- the job's processes on this host ----------------------------------
     def _local_processes(self):
         """Pids of the job's processes on this host: everything the launch
-        mode started and everything under it, and every member of a running rank's process group (a
-        process the rank's command started stays in it after its parent
-        died)."""
+        mode started and everything under it, and every member of a running
+        rank's process group (a process the rank's command started stays in
+        it after its parent died)."""
         groups = {s.pid for s in self.ranks.values()
                   if s.pid is not None and s.code is None and s.host == self.hostname}
         table = _process_table()
