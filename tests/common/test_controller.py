@@ -167,3 +167,20 @@ def test_rendezvous_serve_errors_name_the_variable(env, message):
     assert result.returncode == 0, result.stderr
     assert message in result.stdout
 
+
+
+def test_library_without_the_tcp_controller_says_so():
+    result = run_with_fake_core("""
+        del FakeCore.init_tcp
+        print(basics.gloo_built())
+        import tensorflow as tf
+        try:
+            basics.init()
+        except tf.errors.FailedPreconditionError as e:
+            print(e.message)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "False", "this tfring library has no TCP controller (no init_tcp): rebuild it from "
+                 "this source."]
+    assert "IMPORTED" not in result.stderr
