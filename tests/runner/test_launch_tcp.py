@@ -321,6 +321,13 @@ def test_secret_and_token_are_on_no_command_line(fake_ssh, tmp_path):
 
 # -- units -----------------------------------------------------------------------------
 
+def test_tcp_under_an_mpi_launcher_is_refused(monkeypatch, capsys):
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert launch.main(["--tcp", "true"]) == 2
+    assert "--tcp starts the ranks itself; under an MPI launcher, leave it out" in \
+        capsys.readouterr().err
+
+
 def test_tcp_rank_env_places_ranks_host_by_host():
     placement = {"localhost": [0, 1], "b": [2], "127.0.0.1": [3], "c": [4, 5]}
     env = launch.tcp_rank_env(placement, ["b", "c"], "0.0.0.0", [])
