@@ -11,7 +11,8 @@
 //     exchange   point-to-point and the collectives; prints "RESULT ok"
 //     ring       exchanges 1 MiB around a ring until the world fails; prints
 //                "READY" once connected and "ABORTED <message>" at the end
-//     serve      prints "READY", keeps exchanging until DIR/stop exists,
+//     serve      ranks > 0 wait for DIR/go before connecting; then prints
+//                "READY", keeps exchanging until DIR/stop exists,
 //                checks every message, prints "RESULT ok"
 //     pingpong   ranks 0 and 1 bounce 4 KB; prints "PINGPONG <us per round trip>"
 #include <signal.h>
@@ -422,6 +423,16 @@ int RankMain(int rank, int n, const std::string& dir, const std::string& scenari
       Sleep(0.02);
     }
     peers[i].host = "proc-host-" + std::to_string(i);
+  }
+  // "serve": the other ranks hold back until DIR/go exists, so the test
+  // knows rank 0 is in the middle of start-up while strangers knock.
+  std::string go;
+  while (scenario == "serve" && rank > 0 && !ReadFile(dir + "/go", &go)) {
+    if (std::chrono::steady_clock::now() > until) {
+      std::printf("ERROR no go\n");
+      return 2;
+    }
+    Sleep(0.02);
   }
   TcpOptions options;
   options.secret = secret;

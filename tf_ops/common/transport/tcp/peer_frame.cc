@@ -65,7 +65,7 @@ void EncodePeerHeader(const PeerHeader& h, uint8_t out[kPeerHeaderBytes]) {
 
 WireStatus ParsePeerHeader(const uint8_t in[kPeerHeaderBytes], PeerHeader* out) {
   uint8_t kind = in[0];
-  if (kind < uint8_t(PeerFrameKind::DATA) || kind > uint8_t(PeerFrameKind::GOODBYE)) {
+  if (kind < uint8_t(PeerFrameKind::DATA) || kind > uint8_t(PeerFrameKind::ABORT)) {
     return Protocol("unknown frame kind " + std::to_string(kind) + " from a peer");
   }
   if (in[1] != 0 || in[2] != 0 || in[3] != 0) {
@@ -78,7 +78,12 @@ WireStatus ParsePeerHeader(const uint8_t in[kPeerHeaderBytes], PeerHeader* out) 
     return Protocol("a peer announced a message of " + std::to_string(length) +
                     " bytes, above the limit of " + std::to_string(kMaxPeerMessage));
   }
-  if (kind != uint8_t(PeerFrameKind::DATA) && length != 0) {
+  if (kind == uint8_t(PeerFrameKind::ABORT) && length > kMaxAbortBody) {
+    return Protocol("a peer's ABORT notice claims " + std::to_string(length) +
+                    " bytes, above the limit of " + std::to_string(kMaxAbortBody));
+  }
+  if (kind != uint8_t(PeerFrameKind::DATA) && kind != uint8_t(PeerFrameKind::ABORT) &&
+      length != 0) {
     return Protocol("a peer's control frame (kind " + std::to_string(kind) +
                     ") carries a payload of " + std::to_string(length) + " bytes");
   }
@@ -87,6 +92,20 @@ WireStatus ParsePeerHeader(const uint8_t in[kPeerHeaderBytes], PeerHeader* out) 
   out->context = Load64(in + 8);
   out->length = length;
   return WireStatus::OK();
+}
+
+std::string EncodeAbort(const AbortNotice& a) {
+  std::string body = Writer(0).U32(a.failed_rank).U8(a.cause).Bytes(
+      a.detail.substr(0, kMaxAbortBody - 16)).Frame();
+  return body.substr(5);  // the fields only: no frame length, no type byte
+}
+
+WireStatus ParseAbort(const std::string& body, AbortNotice* out) {
+  Reader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
+  TFRING_WIRE_RETURN_IF_ERROR(r.U32(&out->failed_rank));
+  TFRING_WIRE_RETURN_IF_ERROR(r.U8(&out->cause));
+  TFRING_WIRE_RETURN_IF_ERROR(r.Bytes(&out->detail, kMaxAbortBody));
+  return r.End();
 }
 
 }  // namespace tcp

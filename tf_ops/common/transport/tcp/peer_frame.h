@@ -33,7 +33,7 @@ WireStatus ParseHelloOk(const Frame& f, uint32_t* server_rank);
 
 // After HELLO_OK the stream is a sequence of frames with this 24-byte header:
 //   u8 kind | 3 zero bytes | i32 tag | u64 context | u64 length   (big-endian)
-// followed by `length` payload bytes (DATA only; 0 for the others).
+// followed by `length` payload bytes (DATA; ABORT up to kMaxAbortBody; 0 for the others).
 constexpr size_t kPeerHeaderBytes = 24;
 // A single message may not claim more than this (1 TiB): a corrupt length
 // is refused before anything is allocated, and payloads are only ever
@@ -44,7 +44,19 @@ enum class PeerFrameKind : uint8_t {
   DATA = 1,
   HEARTBEAT = 2,  // "still alive": sent on a connection idle for half an interval
   GOODBYE = 3,    // orderly close: nothing follows on this connection
+  ABORT = 4,      // the sender saw another rank fail (body: EncodeAbort); it stops
 };
+
+// An ABORT body: which rank failed and why, so every survivor names the rank
+// that failed first rather than the one that stopped talking to it after.
+constexpr uint64_t kMaxAbortBody = 1024;
+struct AbortNotice {
+  uint32_t failed_rank = 0;
+  uint8_t cause = 0;   // the sender's typed cause (tcp_communicator.cc's PeerFailure)
+  std::string detail;  // e.g. "3.1 s (heartbeat interval 1.0 s)"
+};
+std::string EncodeAbort(const AbortNotice& a);
+WireStatus ParseAbort(const std::string& body, AbortNotice* out);
 
 struct PeerHeader {
   PeerFrameKind kind = PeerFrameKind::DATA;
@@ -55,7 +67,7 @@ struct PeerHeader {
 
 void EncodePeerHeader(const PeerHeader& h, uint8_t out[kPeerHeaderBytes]);
 // PROTOCOL_ERROR naming the problem for an unknown kind, non-zero reserved
-// bytes, a length above kMaxPeerMessage, or a length on a non-DATA frame.
+// bytes, a length above kMaxPeerMessage, or a length a control frame cannot have.
 WireStatus ParsePeerHeader(const uint8_t in[kPeerHeaderBytes], PeerHeader* out);
 
 }  // namespace tcp

@@ -61,7 +61,9 @@ struct KeyHash {
 };
 
 // Why a peer counts as failed: typed, so nothing downstream parses text.
-enum class PeerFailure { CLOSED, RESET, SILENT, PROTOCOL, IO, LEFT };
+// Its values travel in ABORT notices (docs/wire.md): append only.
+enum class PeerFailure : uint8_t { CLOSED = 0, RESET = 1, SILENT = 2, PROTOCOL = 3, IO = 4, LEFT = 5 };
+constexpr uint8_t kLastPeerFailure = 5;
 
 std::string Seconds(double s) {
   char buf[32];
@@ -363,6 +365,7 @@ struct Conn {
   uint64_t cur_have = 0;
   TcpRequest* target = nullptr;         // a posted receive being filled
   std::shared_ptr<Unexpected> stash;    // or an unexpected message being buffered
+  bool notice = false;                  // the frame in progress is an ABORT notice
   std::vector<char> staging;
   size_t spos = 0, slen = 0;
   std::unordered_map<Key, std::deque<TcpRequest*>, KeyHash> posted;
@@ -416,7 +419,10 @@ class World {
   void StartMessage(int peer);
   void FinishMessage(int peer);
   void PeerLeft(int peer);
-  void Fail(int peer, PeerFailure cause, const std::string& detail);
+  // Fails the world: `peer` failed for `cause`, as seen by this rank or,
+  // with reporter >= 0, by rank `reporter`, which sent an ABORT notice.
+  void Fail(int peer, PeerFailure cause, const std::string& detail, int reporter = -1);
+  void NotifyOthers(int failed, PeerFailure cause, const std::string& detail);
   bool HasPendingWith(int peer) const;
   bool HasPending() const;
   Status MismatchError(int peer, const Key& key, uint64_t sent, int64_t posted) const;
@@ -806,6 +812,15 @@ void World::StartMessage(int peer) {
     case PeerFrameKind::GOODBYE:
       PeerLeft(peer);
       return;
+    case PeerFrameKind::ABORT:
+      c.in_header = false;
+      c.cur_have = 0;
+      c.target = nullptr;
+      c.notice = true;
+      c.stash = std::make_shared<Unexpected>();  // read in full, matched by nobody
+      c.stash->length = c.cur.length;
+      if (c.cur.length == 0) FinishMessage(peer);
+      return;
     case PeerFrameKind::DATA:
       break;
   }
@@ -841,6 +856,20 @@ void World::StartMessage(int peer) {
 
 void World::FinishMessage(int peer) {
   Conn& c = conns_[size_t(peer)];
+  if (c.notice) {
+    AbortNotice a;
+    WireStatus ws = ParseAbort(c.stash ? c.stash->data : std::string(), &a);
+    c.notice = false;
+    c.stash.reset();
+    c.in_header = true;
+    c.cur_have = 0;
+    if (!ws.ok() || a.failed_rank >= uint32_t(size()) || a.cause > kLastPeerFailure) {
+      Fail(peer, PeerFailure::PROTOCOL, "a malformed ABORT notice");
+    } else {
+      Fail(int(a.failed_rank), PeerFailure(a.cause), a.detail, peer);
+    }
+    return;
+  }
   if (c.target != nullptr) {
     c.target->done = true;
     c.target->filling = false;
@@ -884,7 +913,29 @@ void World::PeerLeft(int peer) {
   ::shutdown(c.fd, SHUT_WR);
 }
 
-void World::Fail(int peer, PeerFailure cause, const std::string& detail) {
+void World::NotifyOthers(int failed, PeerFailure cause, const std::string& detail) {
+  AbortNotice a;
+  a.failed_rank = uint32_t(failed);
+  a.cause = uint8_t(cause);
+  a.detail = detail;
+  std::string body = EncodeAbort(a);
+  PeerHeader h;
+  h.kind = PeerFrameKind::ABORT;
+  h.length = body.size();
+  uint8_t header[kPeerHeaderBytes];
+  EncodePeerHeader(h, header);
+  std::string frame = std::string(reinterpret_cast<char*>(header), sizeof(header)) + body;
+  for (int p = 0; p < size(); ++p) {
+    Conn& c = conns_[size_t(p)];
+    if (p == rank_ || p == failed || c.fd < 0 || c.goodbye) continue;
+    // A frame already begun cannot be interrupted; that peer finds out by
+    // itself (its own detection, or this rank's connection closing).
+    if (!c.sendq.empty() && c.sendq.front()->written > 0) continue;
+    (void)::send(c.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+}
+
+void World::Fail(int peer, PeerFailure cause, const std::string& detail, int reporter) {
   if (!abort_.ok()) return;
   std::string what;
   switch (cause) {
@@ -895,7 +946,12 @@ void World::Fail(int peer, PeerFailure cause, const std::string& detail) {
     case PeerFailure::PROTOCOL: what = "sent a malformed frame: " + detail; break;
     case PeerFailure::IO: what = "connection failed: " + detail; break;
   }
-  abort_ = Status::Aborted("tfring stopped: " + Who(peer) + " " + what);
+  abort_ = Status::Aborted("tfring stopped: " + Who(peer) + " " + what +
+                           (reporter >= 0 ? " (reported by rank " + std::to_string(reporter) + ")"
+                                          : ""));
+  // The other ranks learn the first cause from here rather than later from
+  // this rank going quiet, and fail now rather than after their own timeout.
+  if (reporter < 0) NotifyOthers(peer, cause, detail);
   // Nothing more is read or written: no buffer is touched after the error.
   for (auto& c : conns_) c.target = nullptr;
   if (HasPending()) {
