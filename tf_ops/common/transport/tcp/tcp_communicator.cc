@@ -412,7 +412,7 @@ class World {
  private:
   void ThreadMain();
   void ProgressConn(int peer, bool* moved);
-  void ProgressOthers();
+  void ProgressOthers(int skip);
   void Flush(int peer, bool* moved);
   void Read(int peer, bool* moved);
   void Consume(int peer, const char* data, size_t n);
@@ -623,7 +623,7 @@ Status World::Test(TcpRequest* req, bool* done) {
   ProgressConn(req->peer, &moved);
   // Other connections move too now and then, so two ranks that each test
   // only their own send cannot wait on each other's full socket buffers.
-  if (!moved || (++test_calls_ & 7) == 0) ProgressOthers();
+  if ((++test_calls_ & 15) == 0) ProgressOthers(req->peer);
   if (!abort_.ok()) return abort_;
   *done = req->done;
   return req->done ? req->error : Status::OK();
@@ -635,12 +635,12 @@ void World::ProgressConn(int peer, bool* moved) {
   Read(peer, moved);
 }
 
-void World::ProgressOthers() {
+void World::ProgressOthers(int skip) {
   std::vector<pollfd> fds;
   std::vector<int> who;
   for (int p = 0; p < size(); ++p) {
     const Conn& c = conns_[size_t(p)];
-    if (c.fd < 0) continue;
+    if (c.fd < 0 || p == skip) continue;
     fds.push_back({c.fd, short(POLLIN | (c.sendq.empty() ? 0 : POLLOUT)), 0});
     who.push_back(p);
   }
@@ -1032,29 +1032,29 @@ World::~World() {
 // Says GOODBYE on every live connection, finishes any frame a cancelled
 // send left half-written, and reads until the peer closes too (bounded), so
 // closing never resets a connection with bytes still unread on either side.
+// A failed world just closes: its peers have failed (or are told by ABORT).
 void World::Shutdown() {
-  Deadline deadline = After(std::min(2.0, std::max(0.5, 2 * options_.heartbeat_seconds)));
-  for (int p = 0; p < size(); ++p) {
-    Conn& c = conns_[size_t(p)];
-    if (c.fd < 0) continue;
-    if (!abort_.ok() || c.goodbye) continue;
-    // Only frames already begun must finish; the others are dropped.
-    while (!c.sendq.empty() && c.sendq.back()->written == 0) c.sendq.pop_back();
-    auto op = std::unique_ptr<SendOp>(new SendOp());
-    PeerHeader h;
-    h.kind = PeerFrameKind::GOODBYE;
-    EncodePeerHeader(h, op->header);
-    c.sendq.push_back(std::move(op));
+  if (abort_.ok()) {
+    for (int p = 0; p < size(); ++p) {
+      Conn& c = conns_[size_t(p)];
+      if (c.fd < 0 || c.goodbye) continue;
+      // Only frames already begun must finish; the others are dropped.
+      while (!c.sendq.empty() && c.sendq.back()->written == 0) c.sendq.pop_back();
+      auto op = std::unique_ptr<SendOp>(new SendOp());
+      PeerHeader h;
+      h.kind = PeerFrameKind::GOODBYE;
+      EncodePeerHeader(h, op->header);
+      c.sendq.push_back(std::move(op));
+    }
   }
-  for (;;) {
+  Deadline deadline = After(std::min(2.0, std::max(0.5, 2 * options_.heartbeat_seconds)));
+  while (abort_.ok()) {
     std::vector<pollfd> fds;
     std::vector<int> who;
     for (int p = 0; p < size(); ++p) {
       Conn& c = conns_[size_t(p)];
       if (c.fd < 0) continue;
-      if (c.sendq.empty() && !c.eof) {
-        ::shutdown(c.fd, SHUT_WR);
-      }
+      if (c.sendq.empty()) ::shutdown(c.fd, SHUT_WR);  // after GOODBYE: our FIN
       fds.push_back({c.fd, short(POLLIN | (c.sendq.empty() ? 0 : POLLOUT)), 0});
       who.push_back(p);
     }
@@ -1062,25 +1062,17 @@ void World::Shutdown() {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) break;
     if (::poll(fds.data(), fds.size(), int(left.count()) + 1) <= 0) continue;
-    for (size_t i = 0; i < fds.size(); ++i) {
+    for (size_t i = 0; i < fds.size() && abort_.ok(); ++i) {
       Conn& c = conns_[size_t(who[i])];
       if (fds[i].revents & POLLOUT) {
         bool moved = false;
-        Status saved = abort_;
-        abort_ = Status::OK();  // let Flush write the last frames
         Flush(who[i], &moved);
-        if (abort_.ok()) abort_ = saved;
-        if (!abort_.ok() && saved.ok()) {  // the peer is gone already
-          c.sendq.clear();
-          abort_ = saved;
-        }
       }
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+      if (c.fd >= 0 && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+        // Whatever the peer still sends is for nobody now; read to its FIN.
         char buf[65536];
         ssize_t n = ::recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-          c.Close();
-        }
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) c.Close();
       }
     }
   }
