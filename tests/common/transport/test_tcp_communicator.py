@@ -253,6 +253,18 @@ def test_ping_pong_4kb(comm_test, tmp_path):
         print(got[0][1], "us per round trip (ASan build)")
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_idle_world_stays_alive_on_heartbeats(comm_test, tmp_path, np_):
+    """5 s without a message is 10 heartbeat intervals of 0.5 s: only the
+    heartbeats keep the peers from being declared dead. The CPU an idle rank
+    uses is printed for the record."""
+    with Job(comm_test[0], np_, tmp_path, "idle", heartbeat=0.5) as job:
+        assert job.finish(range(np_)) == [0] * np_, job.stderr
+        got = job.wait_for("IDLECPU", range(np_), 5)
+        assert not any("WARNING" in e for e in job.stderr), job.stderr
+        print([line for _, line in got.values()], "(ASan build)")
+
+
 def test_short_seeded_fuzz_run_of_the_peer_frames(tmp_path):
     binary = tmp_path / "fuzz_peer_frame"
     cmd = ["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined",

@@ -15,7 +15,9 @@
 //                "READY", keeps exchanging until DIR/stop exists,
 //                checks every message, prints "RESULT ok"
 //     pingpong   ranks 0 and 1 bounce 4 KB; prints "PINGPONG <us per round trip>"
+//     idle       sits idle 5 s; prints "IDLECPU <CPU s per s>"
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -493,6 +495,20 @@ int RankMain(int rank, int n, const std::string& dir, const std::string& scenari
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
                     .count() / kIters;
     if (rank == 0) std::printf("PINGPONG %.1f\n", us);
+    CHECK(BarrierP2P(*world).ok());
+  } else if (scenario == "idle") {
+    // An idle world: only the heartbeat thread runs. Prints the CPU seconds
+    // per second this process used meanwhile.
+    CHECK(BarrierP2P(*world).ok());
+    struct rusage a, b;
+    getrusage(RUSAGE_SELF, &a);
+    auto t0 = std::chrono::steady_clock::now();
+    Sleep(5.0);
+    getrusage(RUSAGE_SELF, &b);
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto secs = [](const struct timeval& t) { return double(t.tv_sec) + t.tv_usec * 1e-6; };
+    double cpu = secs(b.ru_utime) - secs(a.ru_utime) + secs(b.ru_stime) - secs(a.ru_stime);
+    std::printf("IDLECPU %.4f\n", cpu / wall);
     CHECK(BarrierP2P(*world).ok());
   } else {
     std::printf("ERROR unknown scenario %s\n", scenario.c_str());

@@ -962,6 +962,9 @@ void World::Fail(int peer, PeerFailure cause, const std::string& detail, int rep
 }
 
 void World::Start() {
+  // Silence counts from now: the mesh set-up may have taken longer than
+  // three heartbeats, with nobody reading the first connections meanwhile.
+  for (auto& c : conns_) c.last_recv = c.last_send = Clock::now();
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   thread_ = std::thread([this] { ThreadMain(); });
 }
