@@ -49,7 +49,7 @@ class Job:
     """`n` rank processes of the test program; every line they print is
     collected with the time it arrived. Kills whatever is left on exit."""
 
-    def __init__(self, binary, n, workdir, scenario, heartbeat=1.0, secret=None):
+    def __init__(self, binary, n, workdir, scenario, heartbeat=1.0, secret=None, ranks=None):
         self.binary, self.n, self.dir, self.scenario = binary, n, str(workdir), scenario
         self.heartbeat = heartbeat
         self.secret = secret or wire.generate_secret()
@@ -57,7 +57,7 @@ class Job:
         self.lines = queue.Queue()
         self.stderr = [""] * n
         self._threads = []
-        for r in range(n):
+        for r in (range(n) if ranks is None else ranks):
             self.start(r)
 
     def start(self, rank):
@@ -242,6 +242,52 @@ def test_strangers_at_a_listener_are_refused_and_the_job_goes_on(comm_test, tmp_
     assert all("WARNING" in line for line in refusals[0] + refusals[1])
     assert any("does not hold this job's secret" in line for line in refusals[0])
     assert any("rank 1 is already connected" in line for line in refusals[0])
+
+
+def _header(kind, tag=0, context=0, length=0, reserved=b"\0\0\0"):
+    return (bytes([kind]) + reserved + tag.to_bytes(4, "big", signed=True) +
+            context.to_bytes(8, "big") + length.to_bytes(8, "big"))
+
+
+MALFORMED = [
+    ("unknown_kind", _header(9), "unknown frame kind 9"),
+    ("reserved_bytes", _header(1, reserved=b"\0\1\0"), "non-zero reserved bytes"),
+    ("huge_length", _header(1, 5, 7, (1 << 40) + 1), "1099511627777 bytes, above the limit"),
+    ("heartbeat_payload", _header(2, length=16), "carries a payload of 16 bytes"),
+]
+
+
+@pytest.mark.parametrize("name,frame,expected", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_frame_from_an_authenticated_peer_fails_the_world(comm_test, tmp_path, name,
+                                                                   frame, expected):
+    """This test plays rank 1 of a 2-rank job by hand (it holds the secret),
+    then breaks the data stream: rank 0 must fail with ABORTED naming rank 1
+    and the fault, without crashing or allocating what the header claims."""
+    import socket
+    with Job(comm_test[0], 2, tmp_path, "ring", ranks=[0]) as job:
+        with open(os.path.join(str(tmp_path), "addr.1"), "w") as f:
+            f.write("127.0.0.1:1")  # never dialled: rank 1 connects to rank 0
+        s = socket.create_connection(job.address(0), timeout=10)
+        with s:
+            msg_type, r = _read_frame(s)
+            assert msg_type == wire.CHALLENGE
+            r.raw(5)
+            nonce = r.raw(wire.NONCE_BYTES)
+            mine = os.urandom(32)
+            mac = wire.client_mac(job.secret, nonce, mine, b"tfring-peer")
+            s.sendall(wire.frame(wire.AUTH, mine + wire.pack_bytes(b"tfring-peer") + mac))
+            assert _read_frame(s)[0] == wire.AUTH_OK
+            s.sendall(wire.frame(0x30, (1).to_bytes(4, "big") + (0).to_bytes(4, "big") +
+                                 (2).to_bytes(4, "big")))
+            assert _read_frame(s)[0] == 0x31  # HELLO_OK: rank 1 is in
+            job.wait_for("READY", [0], 60)
+            # A valid frame first (a heartbeat), then the broken one.
+            s.sendall(_header(2) + frame + b"x" * 64)
+            got = job.wait_for("ABORTED", [0], 30)
+        line = got[0][1]
+        assert "tfring stopped: rank 1 (host proc-host-1) sent a malformed frame" in line, line
+        assert expected in line, line
+        assert job.finish([0], timeout=60) == [0], job.stderr
 
 
 def test_ping_pong_4kb(comm_test, tmp_path):

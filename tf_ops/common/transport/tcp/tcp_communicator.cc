@@ -198,6 +198,12 @@ class HandshakeServer {
 
   size_t pending() const { return pending_.size(); }
 
+  // Closes every connection still mid-handshake, each logged once.
+  void DropAll(const std::string& why) {
+    for (auto& p : pending_) Refuse(p.who, why);
+    pending_.clear();
+  }
+
  private:
   struct Pending {
     Socket sock;
@@ -1113,7 +1119,7 @@ class TcpCommunicator : public Communicator {
     auto* r = dynamic_cast<TcpRequest*>(req);
     if (r == nullptr) return Status::InvalidArgument("tfring: Test() of a request of another transport");
     *done = false;
-    return world_->Test(r, done);
+    return r->world->Test(r, done);
   }
   void Cancel(CommRequestPtr* req) override { req->reset(); }
 
@@ -1378,6 +1384,7 @@ Status ConnectTcpWorld(int rank, const std::vector<TcpPeer>& peers,
       --missing;
     }
   }
+  server.DropAll("the handshake was still going on when every rank had connected");
   // From here the world's thread serves the listener and refuses late comers.
   w->Start();
   std::vector<int> everyone(static_cast<size_t>(size));
