@@ -290,13 +290,15 @@ def test_malformed_frame_from_an_authenticated_peer_fails_the_world(comm_test, t
         assert job.finish([0], timeout=60) == [0], job.stderr
 
 
-def test_ping_pong_4kb(comm_test, tmp_path):
-    """Correctness of a long run of small round trips; the time is printed
-    for the record (speed targets live in benchmarks/, not here)."""
-    with Job(comm_test[0], 2, tmp_path, "pingpong") as job:
-        assert job.finish([0, 1]) == [0, 0], job.stderr
-        got = job.wait_for("PINGPONG", [0], 5)
-        print(got[0][1], "us per round trip (ASan build)")
+@pytest.mark.parametrize("scenario", ["pingpong", "bandwidth"])
+def test_small_round_trips_and_large_swaps(comm_test, tmp_path, scenario):
+    """Correctness of 5000 round trips of 4 KB, and of ten simultaneous
+    64 MiB swaps (checked); the speed is printed for the record (targets live
+    in benchmarks/, not here)."""
+    with Job(comm_test[0], 3, tmp_path, scenario) as job:
+        assert job.finish(range(3)) == [0] * 3, job.stderr
+        got = job.wait_for(scenario.upper(), [0], 5)
+        print(got[0][1], "(ASan build)")
 
 
 @pytest.mark.parametrize("np_", [2, 3])

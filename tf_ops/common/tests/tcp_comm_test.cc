@@ -15,6 +15,7 @@
 //                "READY", keeps exchanging until DIR/stop exists,
 //                checks every message, prints "RESULT ok"
 //     pingpong   ranks 0 and 1 bounce 4 KB; prints "PINGPONG <us per round trip>"
+//     bandwidth  ranks 0 and 1 swap 64 MiB ten times; prints "BANDWIDTH <GB/s>"
 //     idle       sits idle 5 s; prints "IDLECPU <CPU s per s>"
 #include <signal.h>
 #include <sys/resource.h>
@@ -495,6 +496,19 @@ int RankMain(int rank, int n, const std::string& dir, const std::string& scenari
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
                     .count() / kIters;
     if (rank == 0) std::printf("PINGPONG %.1f\n", us);
+    CHECK(BarrierP2P(*world).ok());
+  } else if (scenario == "bandwidth") {
+    // Ranks 0 and 1 swap 64 MiB ten times, checking the last exchange.
+    const size_t kBytes = 64u << 20;
+    std::string out = Pattern(kBytes, rank), in(kBytes, 'x');
+    CHECK(BarrierP2P(*world).ok());
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10 && rank < 2; ++i) {
+      CHECK(SendRecv(*world, out, 1 - rank, &in, 1 - rank, 3).ok());
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank < 2) CHECK(in == Pattern(kBytes, 1 - rank));
+    if (rank == 0) std::printf("BANDWIDTH %.2f GB/s each way\n", 10 * kBytes / s / 1e9);
     CHECK(BarrierP2P(*world).ok());
   } else if (scenario == "idle") {
     // An idle world: only the heartbeat thread runs. Prints the CPU seconds
