@@ -62,7 +62,14 @@ struct KeyHash {
 
 // Why a peer counts as failed: typed, so nothing downstream parses text.
 // Its values travel in ABORT notices (docs/wire.md): append only.
-enum class PeerFailure : uint8_t { CLOSED = 0, RESET = 1, SILENT = 2, PROTOCOL = 3, IO = 4, LEFT = 5 };
+enum class PeerFailure : uint8_t {
+  CLOSED = 0,
+  RESET = 1,
+  SILENT = 2,
+  PROTOCOL = 3,
+  IO = 4,
+  LEFT = 5,
+};
 constexpr uint8_t kLastPeerFailure = 5;
 
 std::string Seconds(double s) {
@@ -155,7 +162,9 @@ class HandshakeServer {
       if (ws.ok()) {
         frame = Writer(kChallenge).Raw(std::string(kMagic, 4)).U8(kVersion).Raw(p.nonce).Frame();
         ssize_t n = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
-        if (n != ssize_t(frame.size())) ws = WireStatus::Error(WireCause::IO_ERROR, "cannot send the challenge");
+        if (n != ssize_t(frame.size())) {
+          ws = WireStatus::Error(WireCause::IO_ERROR, "cannot send the challenge");
+        }
       }
       if (!ws.ok()) {
         Refuse(who, ws.message());
@@ -946,7 +955,9 @@ void World::Fail(int peer, PeerFailure cause, const std::string& detail, int rep
   std::string what;
   switch (cause) {
     case PeerFailure::CLOSED: what = "closed its connection"; break;
-    case PeerFailure::LEFT: what = "closed its connection while this rank was exchanging data with it"; break;
+    case PeerFailure::LEFT:
+      what = "closed its connection while this rank was exchanging data with it";
+      break;
     case PeerFailure::RESET: what = "reset its connection"; break;
     case PeerFailure::SILENT: what = "sent nothing for " + detail; break;
     case PeerFailure::PROTOCOL: what = "sent a malformed frame: " + detail; break;
@@ -1117,7 +1128,9 @@ class TcpCommunicator : public Communicator {
     *done = true;
     if (req == nullptr) return Status::OK();
     auto* r = dynamic_cast<TcpRequest*>(req);
-    if (r == nullptr) return Status::InvalidArgument("tfring: Test() of a request of another transport");
+    if (r == nullptr) {
+      return Status::InvalidArgument("tfring: Test() of a request of another transport");
+    }
     *done = false;
     return r->world->Test(r, done);
   }
@@ -1329,9 +1342,10 @@ Status ConnectTcpWorld(int rank, const std::vector<TcpPeer>& peers,
     Socket s;
     WireStatus ws = ConnectPeer(rank, p, peers[size_t(p)], size, options.secret, deadline, &s);
     if (!ws.ok()) {
-      return Status::Aborted("tfring: rank " + std::to_string(rank) + " could not connect to rank " +
-                             std::to_string(p) + " (host " + peers[size_t(p)].host + ", " +
-                             peers[size_t(p)].addr + "): " + ws.message() + " (" +
+      return Status::Aborted("tfring: rank " + std::to_string(rank) +
+                             " could not connect to rank " + std::to_string(p) + " (host " +
+                             peers[size_t(p)].host + ", " + peers[size_t(p)].addr +
+                             "): " + ws.message() + " (" +
                              WireCauseName(ws.cause()) + ")");
     }
     w->Adopt(p, std::move(s));
