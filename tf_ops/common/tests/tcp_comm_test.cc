@@ -344,6 +344,13 @@ void TestInProcess() {
   std::vector<TcpPeer> two = {{l->address(), "h0"}, {"127.0.0.1:1", "h1"}};
   s = ConnectTcpWorld(0, two, std::move(l), quick, &w);
   CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank(s) 1"));
+  // And a rank that cannot reach a lower one names it, its host and address.
+  CHECK(TcpListener::Open("127.0.0.1", 0, &l).ok());
+  two = {{"127.0.0.1:1", "h0"}, {l->address(), "h1"}};
+  s = ConnectTcpWorld(1, two, std::move(l), quick, &w);
+  CHECK(s.code() == StatusCode::ABORTED &&
+        Contains(s.message(), "could not connect to rank 0 (host h0, 127.0.0.1:1)"));
+  CHECK(w == nullptr);
 }
 
 void TestHeaderParser() {
