@@ -322,6 +322,26 @@ void TestInProcess() {
     CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank 0 (host thread-host-0)") &&
           Contains(s.message(), "closed its connection"));
   });
+  // A peer that leaves in order while this rank waits for it fails the
+  // world: the wait ends with ABORTED naming it, not a hang.
+  RunThreads(2, options, [](int r, std::shared_ptr<Communicator>& w) {
+    if (r == 0) {
+      std::string ready(1, 'x');
+      CHECK(Recv(*w, &ready, 1, 5).ok());
+      w.reset();
+      return;
+    }
+    std::string never(8, 'x');
+    CommRequestPtr req;
+    CHECK(w->Irecv(&never[0], 8, 0, 6, &req).ok());
+    CHECK(Send(*w, "r", 0, 5).ok());
+    Status s = w->Wait(req.get(), "a message rank 0 never sends", false);
+    CHECK(s.code() == StatusCode::ABORTED &&
+          Contains(s.message(), "tfring stopped: rank 0 (host thread-host-0) closed its "
+                                "connection in the middle of an exchange") &&
+          Contains(s.message(), "while waiting for a message rank 0 never sends"));
+    CHECK(never == std::string(8, 'x'));
+  });
   // A world of one rank works (self messages, collectives).
   RunThreads(1, options, [](int, std::shared_ptr<Communicator>& w) {
     SelfAndBadArgs(*w);

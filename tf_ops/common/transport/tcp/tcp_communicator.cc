@@ -955,9 +955,7 @@ void World::Fail(int peer, PeerFailure cause, const std::string& detail, int rep
   std::string what;
   switch (cause) {
     case PeerFailure::CLOSED: what = "closed its connection"; break;
-    case PeerFailure::LEFT:
-      what = "closed its connection while this rank was exchanging data with it";
-      break;
+    case PeerFailure::LEFT: what = "closed its connection in the middle of an exchange"; break;
     case PeerFailure::RESET: what = "reset its connection"; break;
     case PeerFailure::SILENT: what = "sent nothing for " + detail; break;
     case PeerFailure::PROTOCOL: what = "sent a malformed frame: " + detail; break;
