@@ -1386,11 +1386,16 @@ Status ConnectTcpWorld(int rank, const std::vector<TcpPeer>& peers,
           if (have[h.client_rank]) {
             return "rank " + std::to_string(h.client_rank) + " is already connected";
           }
-          have[h.client_rank] = true;
           return "";
         },
         &ready);
     for (auto& r : ready) {
+      if (have[size_t(r.first)]) {  // two claims of one rank in the same round
+        TFRING_LOG(WARNING) << "tfring: rank " << rank << " refused a second connection of rank "
+                            << r.first;
+        continue;
+      }
+      have[size_t(r.first)] = true;
       TuneSocket(r.second.fd());
       w->Adopt(r.first, std::move(r.second));
       --missing;
