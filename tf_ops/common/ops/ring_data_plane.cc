@@ -498,7 +498,7 @@ Status RingDataPlane::Reducescatter(const void* send, void* recv,
 
 }  // namespace
 
-Status AgreeAll(const MPICommunicator& comm, bool ok, bool* all_ok) {
+Status AgreeAll(MPICommunicator& comm, bool ok, bool* all_ok) {
   int in = ok ? 1 : 0, out = 0;
   MPI_Request req;
   TFRING_RETURN_IF_ERROR(MPIStatus(

@@ -50,7 +50,7 @@ Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
 
 // Every rank's `ok` combined (AND) over comm, so that all ranks of a set take
 // the same decision after a set-up step that may fail on some of them.
-Status AgreeAll(const MPICommunicator& comm, bool ok, bool* all_ok);
+Status AgreeAll(MPICommunicator& comm, bool ok, bool* all_ok);
 
 }  // namespace ring_internal
 }  // namespace tfring
