@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "../process_set.h"
-#include "mpi_context.h"
+#include "mpi_communicator.h"
 
 namespace tfring {
 
@@ -26,11 +26,6 @@ class MPIBackend : public Backend {
   void set_hosts(std::vector<std::string> hosts) override { hosts_ = std::move(hosts); }
 
  private:
-  // The data planes for a set over `comm` whose rank i runs on hosts[i].
-  std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<MPICommunicator>& comm,
-                                           const std::vector<std::string>& hosts,
-                                           const Config& config);
-
   std::shared_ptr<MPICommunicator> global_;
   std::vector<std::string> hosts_;  // by job-wide rank; empty until topology is known
   bool threads_supported_ = false;
