@@ -16,6 +16,10 @@ class MPIBackend : public Backend {
   static Status Create(MPI_Comm base, std::unique_ptr<MPIBackend>* out);
   ~MPIBackend() override;
 
+  const char* name() const override { return "mpi"; }
+  // MPI's errors are fatal to the job: after one, MPI cannot be trusted to
+  // create communicators again (it may hang), so init() must not retry.
+  bool can_restart_after_failure() const override { return false; }
   int rank() const override { return global_->rank(); }
   int size() const override { return global_->size(); }
   Status CreateProcessSet(ProcessSet* set, const Config& config) override;
