@@ -1,7 +1,8 @@
 """Installs tfring; compiles its op library now if TensorFlow is visible.
 
 The build itself lives in tfring/build/library.py, shared with the compile
-that tfring runs on first import. Two cases:
+that tfring runs on first import (TFRING_WITH_MPI=0 builds without MPI there
+and here). Two cases:
 
 * TensorFlow importable here (``pip install --no-build-isolation``, or
   ``python setup.py build_ext --inplace``): the library is compiled against
@@ -79,7 +80,7 @@ class BuildLibrary(build_ext):
             f.write(f"TF_VERSION = {tf.__version__!r}\n")
             f.write(f"SOURCE_DIGEST = {library.source_digest(root)!r}\n")
             f.write(f"VARIANT = {library.build_variant(tf)!r}\n")
-            f.write("MPI_BUILT = True\n")
+            f.write(f"MPI_BUILT = {library.with_mpi()!r}\n")
             nccl = any(name == "TFRING_WITH_NCCL" for name, _ in options.define_macros)
             f.write(f"NCCL_BUILT = {nccl!r}\n")
 

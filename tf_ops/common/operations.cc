@@ -11,11 +11,11 @@
 #include <unistd.h>
 
 #include "logging.h"
-#include "mpi/mpi_backend.h"
 #include "ops/data_plane_selector.h"
 #include "parameter_manager.h"
 #include "process_set.h"
 #include "timeline.h"
+#include "transport/communicator.h"
 
 namespace tfring {
 
@@ -48,6 +48,10 @@ struct GlobalState {
   std::thread background;
   std::atomic<int> add_counter{0};
   std::atomic<bool> comm_broken{false};
+  // Whether the backend whose communication broke can start again (set with
+  // comm_broken); its name for the message when it cannot.
+  bool broken_can_restart = false;
+  std::string broken_backend;
   Timeline timeline;
   // Values autotune may change at run time (the same on every rank).
   std::atomic<double> cycle_time_ms{1.0};
@@ -86,7 +90,8 @@ void Complete(TensorTableEntry& e, const Status& s, int32_t result = -1) {
 
 using Clock = std::chrono::steady_clock;
 
-// Records one phase of running `names` on the timeline, e.g. "MPI_ALLREDUCE".
+// Records one phase of running `names` on the timeline, e.g. "MPI_ALLREDUCE"
+// (the plane that ran it, then the collective).
 void Phase(const std::vector<std::string>& names, const std::string& what, Clock::time_point start) {
   Timeline& t = state().timeline;
   if (!t.enabled()) return;
@@ -421,7 +426,7 @@ void ApplyTunedParams(const ResponseList& p) {
 
 // Runs one negotiation round on every process set this rank belongs to.
 // Returns false when the job is shutting down; `why` then says why, and
-// `broken` whether communication itself failed (a dead peer, an MPI error).
+// `broken` whether communication itself failed (a dead peer, a transport error).
 bool RunLoopOnce(Status* why, bool* broken, int* executed) {
   GlobalState& st = state();
   st.timeline.MarkCycle();
@@ -592,9 +597,16 @@ void BackgroundLoop() {
     ps->queue.FailAll(why);
   }
   st.timeline.Stop();
+  const bool can_restart = st.backend && st.backend->can_restart_after_failure();
   if (broken) {
-    // MPI operations may still be pending on these communicators and a peer
-    // is gone: freeing them could block. They are left to the process's end.
+    st.broken_can_restart = can_restart;
+    st.broken_backend = st.backend ? st.backend->name() : "";
+  }
+  if (broken && !can_restart) {
+    // Operations may still be pending on these communicators and a peer is
+    // gone: with a transport that cannot recover (MPI), freeing them could
+    // block. They are left to the process's end. A restartable transport
+    // tears its connections down, which is what lets it start again.
     static auto* abandoned = new std::vector<std::shared_ptr<void>>();
     for (const auto& ps : st.process_sets.All()) abandoned->push_back(ps);
     abandoned->push_back(std::shared_ptr<Backend>(st.backend.release()));
@@ -660,28 +672,50 @@ Status ComputeTopology(ProcessSet& global, const Config& config, Topology* topo,
 
 }  // namespace
 
-Status InitializeMPI(int64_t fortran_comm) {
+namespace {
+
+// Under lifecycle_mu: whether tfring runs, else whether it may start again.
+Status CheckCanStartLocked(bool* running) {
   GlobalState& st = state();
-  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
   {
     std::lock_guard<std::mutex> elock(st.enqueue_mu);
-    if (st.running && !st.stopped) return Status::OK();
+    *running = st.running && !st.stopped;
+    if (*running) return Status::OK();
   }
   // The previous job ended (shutdown() here, or another rank stopped it).
   if (st.background.joinable()) st.background.join();
-
-  if (st.comm_broken) {
+  if (st.comm_broken && !st.broken_can_restart) {
     return Status::Aborted("tfring cannot start again in this process: communication broke "
-                           "down earlier (" + st.stopped_status.message() + ")");
+                           "down earlier, and the " + st.broken_backend +
+                           " transport cannot recover from that (" +
+                           st.stopped_status.message() + ")");
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status CheckCanStart(bool* running) {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  return CheckCanStartLocked(running);
+}
+
+Status Initialize(std::unique_ptr<Backend> backend) {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  bool running = false;
+  TFRING_RETURN_IF_ERROR(CheckCanStartLocked(&running));
+  if (running) return Status::OK();
+  if (!backend) return Status::InvalidArgument("tfring: Initialize() needs a backend");
+
   st.config = Config::FromEnvironment();
   st.shutdown_requested = false;
   st.shutdown_reason.clear();
-  std::unique_ptr<MPIBackend> backend;
-  TFRING_RETURN_IF_ERROR(MPIBackend::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)), &backend));
   SetLogging(st.config.log_level, st.config.log_timestamps, backend->rank());
-  // A first, MPI-only global set learns the topology; the real one is then
-  // built knowing which ranks share a host (for shared memory).
+  // A first global set, on the fallback plane only, learns the topology; the
+  // real one is then built knowing which ranks share a host (for shared
+  // memory and the cross-host planes).
   auto bootstrap = std::make_shared<ProcessSet>();
   for (int r = 0; r < backend->size(); ++r) bootstrap->ranks.push_back(r);
   TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(bootstrap.get(), st.config));
@@ -713,6 +747,10 @@ Status InitializeMPI(int64_t fortran_comm) {
     st.tuner.reset(new ParameterManager(st.config, initial));
   }
   st.topo = topo;
+  // Communication works again (a restartable backend after a failure).
+  st.comm_broken = false;
+  st.broken_can_restart = false;
+  st.broken_backend.clear();
   st.backend = std::move(backend);
   st.process_sets.Clear();
   st.process_sets.Add(global);
@@ -724,8 +762,8 @@ Status InitializeMPI(int64_t fortran_comm) {
   st.ever_initialized = true;
   st.running = true;
   st.background = std::thread(BackgroundLoop);
-  TFRING_LOG(DEBUG) << "initialised: size " << topo.size << ", local rank " << topo.local_rank
-                    << " of " << topo.local_size;
+  TFRING_LOG(DEBUG) << "initialised over " << st.backend->name() << ": size " << topo.size
+                    << ", local rank " << topo.local_rank << " of " << topo.local_size;
   return Status::OK();
 }
 

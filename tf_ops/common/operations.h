@@ -4,6 +4,7 @@
 #define TFRING_COMMON_OPERATIONS_H
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,10 +17,20 @@ constexpr int32_t kGlobalProcessSetId = 0;
 // The reserved name of a rank's pending join() in each process set.
 extern const char* const kJoinTensorName;
 
-// Starts tfring over an MPI communicator given by its Fortran handle
-// (mpi4py's comm.py2f()). Idempotent while running; after shutdown() it
-// starts afresh.
-Status InitializeMPI(int64_t fortran_comm);
+class Backend;
+
+// Starts tfring over `backend` (a transport's, see process_set.h): learns the
+// topology, starts the peer monitor, builds the global process set and starts
+// the background thread. Idempotent while running (`backend` is then
+// dropped); after shutdown() it starts afresh. Transports have their own
+// entry points that make the backend (mpi/mpi_init.h: InitializeMPI).
+Status Initialize(std::unique_ptr<Backend> backend);
+// What Initialize would decide before it gets a backend: sets *running and
+// returns OK when tfring runs already; returns the error when it cannot start
+// again in this process (the communication of a backend that cannot restart
+// broke earlier). A transport calls it before making its backend, because
+// making one on broken communication may hang.
+Status CheckCanStart(bool* running);
 // Asks every rank to stop, waits for the background thread, fails whatever
 // is still pending. `reason` is what the other ranks' errors will say about
 // this rank (e.g. the exception its script died of). Safe to call twice.
@@ -39,7 +50,8 @@ int CrossRank();
 int CrossSize();
 bool IsHomogeneous();
 bool MPIThreadsSupported();
-// True once a peer died or MPI failed: MPI must then not be finalised.
+// True once a peer died or the transport failed (until a restartable backend
+// starts again): MPI must then not be finalised.
 bool CommunicationBroken();
 
 // Submits one collective. On error the entry's callback is not called.

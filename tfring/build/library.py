@@ -16,6 +16,11 @@ one TensorFlow version. There are two ways in:
 
 The C++ sources are package data (``tfring/_csrc/tf_ops``) in a wheel or an
 installed sdist, and ``tf_ops/`` beside the package in a source checkout.
+
+``TFRING_WITH_MPI=0`` builds without MPI: ``tf_ops/common/mpi/`` and the MPI
+data plane are left out, nothing links libmpi, and the library runs over the
+TCP transport only (its ``mpi_built()`` says False). The default, 1, builds
+both transports and needs MPICH's headers and library.
 """
 import dataclasses
 import hashlib
@@ -96,11 +101,41 @@ def source_files(root):
     return sorted(found)
 
 
-def translation_units(root):
+# The files that only the MPI transport needs, relative to tf_ops/common.
+MPI_ONLY = (os.path.join("mpi", ""), os.path.join("ops", "mpi_data_plane."))
+
+
+def is_mpi_source(relpath):
+    """Whether ``relpath`` (relative to the source root) is part of the MPI
+    transport, which a build with ``TFRING_WITH_MPI=0`` leaves out."""
+    common = os.path.join("tf_ops", "common", "")
+    return relpath.startswith(common) and relpath[len(common):].startswith(MPI_ONLY)
+
+
+def with_mpi():
+    """Whether to build the MPI transport: ``$TFRING_WITH_MPI`` (1, the
+    default, or 0; also true/false, yes/no, on/off).
+
+    Raises:
+        BuildError: any other value (named in the message).
+    """
+    value = os.environ.get("TFRING_WITH_MPI", "").strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise BuildError(f"TFRING_WITH_MPI={os.environ['TFRING_WITH_MPI']!r} is not 0 or 1 "
+                     "(1 builds the MPI transport too, 0 builds the TCP transport only)")
+
+
+def translation_units(root, mpi=None):
     """The .cc files compiled into the library, relative to root: the core,
-    the TF kernels, then the pybind11 module."""
+    the TF kernels, then the pybind11 module. ``mpi`` (default
+    :func:`with_mpi`) False leaves out the MPI transport's files."""
+    mpi = with_mpi() if mpi is None else mpi
     files = source_files(root)
-    core = [f for f in files if f.startswith(os.path.join("tf_ops", "common")) and f.endswith(".cc")]
+    core = [f for f in files if f.startswith(os.path.join("tf_ops", "common")) and f.endswith(".cc")
+            and (mpi or not is_mpi_source(f))]
     kernels = [f for f in files
                if f.startswith(os.path.join("tf_ops", "tensorflow")) and f.endswith(".cc")]
     return core + kernels + [os.path.join("tf_ops", "python_module.cc")]
@@ -192,24 +227,31 @@ def _pybind11_include():
 
 
 def base_options(tf, root):
-    """The build for a CPU library against ``tf`` (the imported module)."""
-    mpi = mpi_prefix()
-    return BuildOptions(
-        sources=translation_units(root),
-        include_dirs=[_pybind11_include(), _python_include(), os.path.join(mpi, "include")],
-        library_dirs=[os.path.join(mpi, "lib")],
-        libraries=["mpi"],
+    """The build for a CPU library against ``tf`` (the imported module), with
+    or without MPI (:func:`with_mpi`)."""
+    options = BuildOptions(
+        sources=translation_units(root, with_mpi()),
+        include_dirs=[_pybind11_include(), _python_include()],
+        define_macros=[("TFRING_WITH_MPI", "1" if with_mpi() else "0")],
         # -fvect-cost-model=cheap: at -O2, GCC 12 only vectorises loops that
         # need no scalar tail; the element-wise reductions need one.
         extra_compile_args=list(tf.sysconfig.get_compile_flags()) + [
             "-O2", "-DNDEBUG", "-fPIC", "-fvect-cost-model=cheap", "-fvisibility=hidden",
             "-Wno-deprecated-declarations"],
+        extra_link_args=list(tf.sysconfig.get_link_flags()),
+    )
+    if not with_mpi():
+        return options
+    mpi = mpi_prefix()
+    return options.merged(BuildOptions(
+        include_dirs=[os.path.join(mpi, "include")],
+        library_dirs=[os.path.join(mpi, "lib")],
+        libraries=["mpi"],
         # libmpi is found through a RUNPATH: relative to an installed extension
         # (site-packages/tfring -> <prefix>/lib), and absolute for in-place and
         # cached builds. The loader also preloads libmpi before loading.
-        extra_link_args=list(tf.sysconfig.get_link_flags()) + [
-            "-Wl,-rpath,$ORIGIN/../../..", "-Wl,-rpath," + os.path.join(mpi, "lib")],
-    )
+        extra_link_args=["-Wl,-rpath,$ORIGIN/../../..", "-Wl,-rpath," + os.path.join(mpi, "lib")],
+    ))
 
 
 # ---- Extra build options: the one place they join the base build ----------
@@ -246,19 +288,24 @@ def _cuda_provider(tf, root, workdir, log):
 EXTRA_OPTION_PROVIDERS = [_cuda_provider]
 
 
+def _mpi_suffix():
+    return "" if with_mpi() else "-nompi"
+
+
 def build_variant(tf=None):
-    """Which kind of build the providers will make, told without building:
+    """Which kind of build the options will make, told without building:
     "cpu" (TFRING_WITH_NCCL off, or a TensorFlow without CUDA) or "cuda"
-    (asked for, or auto with a CUDA TensorFlow). Without `tf` (no import
-    wanted), None: unknown."""
+    (asked for, or auto with a CUDA TensorFlow), with "-nompi" appended for
+    TFRING_WITH_MPI=0. Without `tf` (no import wanted), None when the GPU
+    choice is unknown."""
     forced = os.environ.get("TFRING_WITH_NCCL", "").strip().lower()
     if forced in ("0", "false", "no", "off"):
-        return "cpu"
+        return "cpu" + _mpi_suffix()
     if forced:
-        return "cuda"
+        return "cuda" + _mpi_suffix()
     if tf is None:
         return None
-    return "cuda" if tf.test.is_built_with_cuda() else "cpu"
+    return ("cuda" if tf.test.is_built_with_cuda() else "cpu") + _mpi_suffix()
 
 
 def build_options(tf, root, workdir=None, log=None):
@@ -489,8 +536,9 @@ def ensure_library(tf=None, log=_log):
         The absolute path of ``_tfring_ops.so``.
 
     Raises:
-        ToolMissingError: a compiler, Python's headers, pybind11 or MPICH is
-            missing; the message names what to install.
+        ToolMissingError: a compiler, Python's headers, pybind11 or MPICH
+            (unless TFRING_WITH_MPI=0) is missing; the message names what to
+            install.
         BuildError: the compile failed.
     """
     if tf is None:
@@ -515,7 +563,8 @@ def ensure_library(tf=None, log=_log):
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         nccl = any(name == "TFRING_WITH_NCCL" for name, _ in options.define_macros)
-        info = {"tf_version": tf.__version__, "variant": variant, "nccl": nccl, "python": sys.version.split()[0],
+        info = {"tf_version": tf.__version__, "variant": variant, "nccl": nccl,
+                "mpi": with_mpi(), "python": sys.version.split()[0],
                 "tfring_version": _tfring_version(), "source_root": root,
                 "compiler": shlex.join(_compiler()), "seconds": round(time.monotonic() - start, 1),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid()}
@@ -592,6 +641,6 @@ def library_ready_fast():
     except BuildError:
         return False
     variant = build_variant()
-    variants = [variant] if variant else ["cpu", "cuda"]
+    variants = [variant] if variant else ["cpu" + _mpi_suffix(), "cuda" + _mpi_suffix()]
     return any(os.path.exists(os.path.join(cache_entry(version, root, v), LIBRARY_NAME))
                for v in variants)

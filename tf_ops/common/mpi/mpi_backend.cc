@@ -2,11 +2,9 @@
 
 #include <algorithm>
 
-#include "../logging.h"
-#include "../ops/data_plane_selector.h"
+#include "../ops/data_plane_factory.h"
 #include "../ops/mpi_data_plane.h"
-#include "../ops/ring_data_plane.h"
-#include "../ops/shm_data_plane.h"
+#include "mpi_context.h"
 #include "mpi_controller.h"
 
 namespace tfring {
@@ -61,44 +59,11 @@ Status MPIBackend::CreateProcessSet(ProcessSet* set, const Config& config) {
   if (!hosts_.empty()) {
     for (int r : set->ranks) hosts.push_back(hosts_[r]);
   }
-  set->data_plane = MakeDataPlane(comm, hosts, config);
+  // MPI's own collectives are the fallback: the shared-memory and ring planes
+  // take over from their cut-over sizes.
+  set->data_plane = MakeDataPlane(comm, std::unique_ptr<DataPlane>(new MPIDataPlane(comm)), hosts,
+                                  config);
   return Status::OK();
-}
-
-std::unique_ptr<DataPlane> MPIBackend::MakeDataPlane(const std::shared_ptr<MPICommunicator>& comm,
-                                                     const std::vector<std::string>& hosts,
-                                                     const Config& config) {
-  auto mpi = std::unique_ptr<DataPlane>(new MPIDataPlane(comm));
-  std::unique_ptr<DataPlane> shm, cross_host;
-  const std::string& ops = config.cpu_operations;
-  const bool known = !hosts.empty() && comm->size() > 1;
-  const bool one_host =
-      known && std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) {
-        return h == hosts[0];
-      });
-  // Every rank of the set sees the same hosts, so all make the same choices
-  // and take part in the same collective set-up calls.
-  if (one_host && (ops == "auto" || ops == "shm")) {
-    Status s = CreateShmDataPlane(comm->rank(), comm->size(), mpi.get(), comm->monitor(), &shm);
-    if (!s.ok()) {
-      TFRING_LOG(WARNING) << "shared-memory data plane unavailable, using MPI: " << s.message();
-      shm.reset();
-    }
-  }
-  if (known && ((!one_host && ops == "auto") || ops == "ring")) {
-    Status s = config.hierarchical_allreduce && !one_host
-                   ? CreateHierarchicalDataPlane(comm, hosts, &cross_host)
-                   : CreateRingDataPlane(comm, &cross_host);
-    if (!s.ok()) {
-      TFRING_LOG(WARNING) << "cross-host data plane unavailable, using MPI: " << s.message();
-      cross_host.reset();
-    }
-  }
-  DataPlaneChoice choice;
-  choice.shm_min_bytes = config.shm_min_bytes;
-  choice.cross_host_min_bytes = config.cross_host_min_bytes;
-  return std::unique_ptr<DataPlane>(
-      new DataPlaneSelector(std::move(mpi), std::move(shm), std::move(cross_host), choice));
 }
 
 }  // namespace tfring

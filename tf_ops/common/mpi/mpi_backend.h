@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "../process_set.h"
-#include "mpi_context.h"
+#include "mpi_communicator.h"
 
 namespace tfring {
 
@@ -16,6 +16,10 @@ class MPIBackend : public Backend {
   static Status Create(MPI_Comm base, std::unique_ptr<MPIBackend>* out);
   ~MPIBackend() override;
 
+  const char* name() const override { return "mpi"; }
+  // MPI's errors are fatal to the job: after one, MPI cannot be trusted to
+  // create communicators again (it may hang), so init() must not retry.
+  bool can_restart_after_failure() const override { return false; }
   int rank() const override { return global_->rank(); }
   int size() const override { return global_->size(); }
   Status CreateProcessSet(ProcessSet* set, const Config& config) override;
@@ -26,11 +30,6 @@ class MPIBackend : public Backend {
   void set_hosts(std::vector<std::string> hosts) override { hosts_ = std::move(hosts); }
 
  private:
-  // The data planes for a set over `comm` whose rank i runs on hosts[i].
-  std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<MPICommunicator>& comm,
-                                           const std::vector<std::string>& hosts,
-                                           const Config& config);
-
   std::shared_ptr<MPICommunicator> global_;
   std::vector<std::string> hosts_;  // by job-wide rank; empty until topology is known
   bool threads_supported_ = false;

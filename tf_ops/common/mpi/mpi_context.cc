@@ -1,60 +1,8 @@
 #include "mpi_context.h"
 
-#include <sched.h>
-
-#include <atomic>
-#include <chrono>
-#include <thread>
-
 #include "../reduction.h"
 
 namespace tfring {
-
-MPICommunicator::MPICommunicator(MPI_Comm comm, std::shared_ptr<PeerMonitor> monitor)
-    : comm_(comm), monitor_(std::move(monitor)) {
-  if (comm_ != MPI_COMM_NULL) {
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-  }
-}
-
-MPICommunicator::~MPICommunicator() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
-}
-
-Status MPIStatus(int code, const char* what) {
-  if (code == MPI_SUCCESS) return Status::OK();
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, msg, &len);
-  return Status::Aborted(std::string("tfring: MPI ") + what + " failed: " + std::string(msg, len));
-}
-
-Status MPICommunicator::Wait(MPI_Request* request, const char* what, bool spin) const {
-  int done = 0;
-  auto sleep = std::chrono::microseconds(10);
-  const bool urgent = UrgentWaits();
-  const auto cap = urgent ? std::chrono::microseconds(100) : std::chrono::microseconds(1000);
-  const int eager_polls = urgent ? 2000 : 200;
-  for (int polls = 0;; ++polls) {
-    int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return MPIStatus(rc, what);
-    if (done) return Status::OK();
-    if (monitor_ && (polls & 63) == 63) TFRING_RETURN_IF_ERROR(monitor_->Check());
-    // Even a spinning wait lets others run now and then: with more ranks than
-    // cores, the peer it waits for may need this core.
-    if (spin && polls >= 64) sched_yield();
-    if (!spin && polls >= eager_polls) {
-      std::this_thread::sleep_for(sleep);
-      if (sleep < cap) sleep *= 2;
-    } else if (!spin && polls >= 200) {
-      sched_yield();
-    }
-  }
-}
 
 namespace {
 

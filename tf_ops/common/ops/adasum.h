@@ -13,8 +13,9 @@
 // total, like a ring allreduce. The dot products are per tensor: in a fused
 // buffer each tensor is combined with its own coefficients.
 //
-// The algorithm only needs a pairwise exchange of bytes (PointToPoint); the
-// MPI data plane provides one over MPI point-to-point messages.
+// The algorithm only needs a pairwise exchange of bytes (PointToPoint);
+// CommPointToPoint (ops/comm_point_to_point.h) provides one over any
+// transport's Communicator, for the ring and the MPI data planes.
 #ifndef TFRING_COMMON_OPS_ADASUM_H
 #define TFRING_COMMON_OPS_ADASUM_H
 

@@ -4,18 +4,20 @@
 
 namespace tfring {
 
-DataPlaneSelector::DataPlaneSelector(std::unique_ptr<DataPlane> mpi, std::unique_ptr<DataPlane> shm,
+DataPlaneSelector::DataPlaneSelector(std::unique_ptr<DataPlane> fallback,
+                                     std::unique_ptr<DataPlane> shm,
                                      std::unique_ptr<DataPlane> cross_host,
                                      DataPlaneChoice choice)
-    : mpi_(std::move(mpi)), shm_(std::move(shm)), cross_host_(std::move(cross_host)),
-      choice_(choice) {}
+    : fallback_(std::move(fallback)), shm_(std::move(shm)), cross_host_(std::move(cross_host)),
+      choice_(choice), last_used_(fallback_->name()) {}
 
 DataPlane* DataPlaneSelector::Select(CollectiveType type, int32_t device, int64_t bytes) {
-  DataPlane* plane = mpi_.get();
+  DataPlane* plane = fallback_.get();
   if (IsGpuDevice(device) && gpu_) {
     plane = gpu_.get();
   } else if (type == CollectiveType::ALLTOALL || type == CollectiveType::BARRIER) {
-    // Only MPI implements these among the host planes.
+    // The fallback runs these: an alltoall's byte count differs between
+    // ranks, so a choice by size could differ too, and a barrier has none.
   } else if (shm_ && bytes >= choice_.shm_min_bytes) {
     plane = shm_.get();
   } else if (cross_host_ && bytes >= choice_.cross_host_min_bytes) {
@@ -62,8 +64,8 @@ Status DataPlaneSelector::Barrier() {
 
 Status DataPlaneSelector::Adasum(void* buffer, const std::vector<int64_t>& counts,
                                  DataType dtype) {
-  last_used_ = mpi_->name();
-  return mpi_->Adasum(buffer, counts, dtype);
+  last_used_ = fallback_->name();
+  return fallback_->Adasum(buffer, counts, dtype);
 }
 
 }  // namespace tfring

@@ -3,7 +3,9 @@
 // the host planes (host staged: their executor copies them to host memory and
 // back). Then by size, among the host planes: the shared-memory plane for
 // ranks on one host when the message is big enough to gain from it, the ring
-// (or hierarchical) plane across hosts, and MPI for everything else.
+// (or hierarchical) plane across hosts, and the fallback for everything else:
+// the transport's own complete plane (MPI's), or a ring plane where the
+// transport has none (see data_plane_factory.h).
 // It is itself a (host) DataPlane, so code that only moves host bytes (e.g.
 // the topology exchange at init) uses it as one plane; the core asks
 // Select() which plane runs a collective and uses that plane's memory kind to
@@ -27,9 +29,10 @@ struct DataPlaneChoice {
 
 class DataPlaneSelector : public DataPlane {
  public:
-  // `mpi` is required; `shm` (all ranks on one host) and `cross_host` (ring or
-  // hierarchical, ranks on several hosts) may be null.
-  DataPlaneSelector(std::unique_ptr<DataPlane> mpi, std::unique_ptr<DataPlane> shm,
+  // `fallback` is required and runs every collective; `shm` (all ranks on one
+  // host) and `cross_host` (ring or hierarchical, ranks on several hosts) may
+  // be null.
+  DataPlaneSelector(std::unique_ptr<DataPlane> fallback, std::unique_ptr<DataPlane> shm,
                     std::unique_ptr<DataPlane> cross_host, DataPlaneChoice choice);
 
   const char* name() const override { return "selector"; }
@@ -52,13 +55,13 @@ class DataPlaneSelector : public DataPlane {
   Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) override;
   Status Barrier() override;
-  // Always on the MPI plane (pairwise messages; see ops/adasum.h).
+  // Always on the fallback plane (pairwise messages; see ops/adasum.h).
   Status Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) override;
 
  private:
-  std::unique_ptr<DataPlane> mpi_, shm_, cross_host_, gpu_;
+  std::unique_ptr<DataPlane> fallback_, shm_, cross_host_, gpu_;
   DataPlaneChoice choice_;
-  std::atomic<const char*> last_used_{"MPI"};
+  std::atomic<const char*> last_used_;
 };
 
 }  // namespace tfring

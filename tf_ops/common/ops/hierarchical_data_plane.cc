@@ -3,7 +3,7 @@
 // Allreduce runs in three stages:
 //   1. within each host, a reduce-scatter: local rank l gets share l of the
 //      host's sum (through the shared-memory plane when it is available,
-//      MPI on the host-local communicator otherwise);
+//      a ring on the host-local communicator otherwise);
 //   2. across hosts, local rank l of every host runs a ring allreduce over
 //      share l with the l-th ranks of the other hosts ("lane" l);
 //   3. within each host, an allgather of the shares.
@@ -21,12 +21,15 @@
 // (the first rank of every host).
 //
 // The other collectives move data once between every pair of ranks anyway,
-// so they use the flat ring over the whole set.
+// so they use the flat ring over the whole set (Adasum too: its pairs are
+// chosen by rank, not by host).
+//
+// Everything runs on point-to-point messages of the set's communicator and
+// communicators split from it, whatever the transport.
 #include <algorithm>
 #include <map>
 
 #include "../logging.h"
-#include "mpi_data_plane.h"
 #include "ring_data_plane.h"
 #include "shm_data_plane.h"
 
@@ -54,13 +57,16 @@ class HierarchicalDataPlane : public DataPlane {
     return flat_->Reducescatter(send, recv, recv_counts, dtype, op);
   }
   Status Barrier() override { return flat_->Barrier(); }
+  Status Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) override {
+    return flat_->Adasum(buffer, counts, dtype);
+  }
 
   std::unique_ptr<DataPlane> flat_;  // ring over the whole set
-  std::shared_ptr<MPICommunicator> local_comm_, lane_comm_;
+  std::shared_ptr<Communicator> local_comm_, lane_comm_;
   // Declared before local_shm_ so the shared-memory plane goes first.
-  std::unique_ptr<DataPlane> local_mpi_;
+  std::unique_ptr<DataPlane> local_ring_;
   std::unique_ptr<DataPlane> local_shm_;
-  DataPlane* local_ = nullptr;       // local_shm_ or local_mpi_ (null: alone on the host)
+  DataPlane* local_ = nullptr;       // local_shm_ or local_ring_ (null: alone on the host)
   std::unique_ptr<DataPlane> lane_;  // ring among the local_rank-th ranks of every host
   int local_rank_ = 0, local_size_ = 1, lanes_ = 1;
   std::vector<char> share_;
@@ -101,10 +107,10 @@ Status HierarchicalDataPlane::Allreduce(void* buffer, int64_t count, DataType dt
 
 }  // namespace
 
-Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
+Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
                                    const std::vector<std::string>& hosts,
                                    const RingOptions& options, std::unique_ptr<DataPlane>* out) {
-  if (!comm || comm->get() == MPI_COMM_NULL) {
+  if (!comm) {
     return Status::InvalidArgument("tfring: the hierarchical data plane needs a communicator");
   }
   const int n = comm->size(), rank = comm->rank();
@@ -140,17 +146,15 @@ Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
   // from it), in the same order on every rank.
   TFRING_RETURN_IF_ERROR(CreateRingDataPlane(comm, true, options, &plane->flat_));
 
-  MPI_Comm local = MPI_COMM_NULL;
-  TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Comm_split(comm->get(), my_host, rank, &local),
-                                   "Comm_split (host-local communicator)"));
-  plane->local_comm_ = std::make_shared<MPICommunicator>(local, comm->monitor());
-
-  MPI_Comm lane = MPI_COMM_NULL;
-  TFRING_RETURN_IF_ERROR(MPIStatus(
-      MPI_Comm_split(comm->get(), local_rank < lanes ? local_rank : MPI_UNDEFINED, rank, &lane),
-      "Comm_split (cross-host lane communicator)"));
-  if (lane != MPI_COMM_NULL) {
-    plane->lane_comm_ = std::make_shared<MPICommunicator>(lane, comm->monitor());
+  TFRING_RETURN_IF_ERROR(comm->Split(my_host, rank, &plane->local_comm_));
+  if (!plane->local_comm_) {
+    return Status::Aborted("tfring: splitting the host-local communicator gave rank " +
+                           std::to_string(rank) + " none");
+  }
+  // Ranks beyond the lanes pass a negative color: they get no lane.
+  TFRING_RETURN_IF_ERROR(
+      comm->Split(local_rank < lanes ? local_rank : -1, rank, &plane->lane_comm_));
+  if (plane->lane_comm_) {
     // The lane communicator is private to this plane: no duplicate needed.
     if (plane->lane_comm_->size() > 1) {
       TFRING_RETURN_IF_ERROR(
@@ -160,8 +164,11 @@ Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
 
   const char* intra = "none";
   if (local_size > 1) {
-    plane->local_mpi_.reset(new MPIDataPlane(plane->local_comm_));
-    Status shm = CreateShmDataPlane(local_rank, local_size, plane->local_mpi_.get(),
+    // The host-local communicator is private to this plane too; its ring
+    // also bootstraps the shared-memory plane.
+    TFRING_RETURN_IF_ERROR(
+        CreateRingDataPlane(plane->local_comm_, false, options, &plane->local_ring_));
+    Status shm = CreateShmDataPlane(local_rank, local_size, plane->local_ring_.get(),
                                     comm->monitor(), &plane->local_shm_);
     // The shared-memory plane is used only if every rank of the host got it.
     bool all_ok = false;
@@ -170,12 +177,12 @@ Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
       plane->local_ = plane->local_shm_.get();
       intra = "shared memory";
     } else {
-      TFRING_LOG(DEBUG) << "hierarchical data plane: intra-host stage over MPI"
+      TFRING_LOG(DEBUG) << "hierarchical data plane: intra-host stage over a ring"
                         << (shm.ok() ? std::string(" (shared memory failed on a peer)")
                                      : ": " + shm.message());
       plane->local_shm_.reset();
-      plane->local_ = plane->local_mpi_.get();
-      intra = "MPI";
+      plane->local_ = plane->local_ring_.get();
+      intra = "ring";
     }
   }
   TFRING_LOG(DEBUG) << "hierarchical data plane: rank " << rank << " of " << n << ", host "
@@ -188,7 +195,7 @@ Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
 
 }  // namespace ring_internal
 
-Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
+Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
                                    const std::vector<std::string>& hosts,
                                    std::unique_ptr<DataPlane>* out) {
   return ring_internal::CreateHierarchicalDataPlane(std::move(comm), hosts,

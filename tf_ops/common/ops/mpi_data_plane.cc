@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "../mpi/mpi_point_to_point.h"
+#include "comm_point_to_point.h"
 
 namespace tfring {
 namespace {
@@ -113,9 +113,9 @@ Status MPIDataPlane::Barrier() {
 
 Status MPIDataPlane::Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) {
   if (!adasum_p2p_) {
-    MPI_Comm dup;
-    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Comm_dup(comm_->get(), &dup), "Comm_dup (Adasum)"));
-    adasum_p2p_.reset(new MPIPointToPoint(std::make_shared<MPICommunicator>(dup, comm_->monitor())));
+    std::shared_ptr<Communicator> dup;
+    TFRING_RETURN_IF_ERROR(comm_->Dup(&dup));
+    adasum_p2p_.reset(new CommPointToPoint(std::move(dup), 0));
   }
   return AdasumAllreduce(adasum_p2p_.get(), buffer, counts, dtype, &adasum_scratch_);
 }

@@ -1,5 +1,6 @@
-// The ring data plane: collectives as rings of MPI point-to-point messages on
-// a private duplicate of the set's communicator.
+// The ring data plane: collectives as rings of point-to-point messages
+// (transport/communicator.h) on a private duplicate of the set's
+// communicator, whatever the transport underneath.
 //
 // Allreduce over n ranks cuts the buffer into n blocks and runs 2(n-1) steps.
 // At step s rank r sends block (r - s) mod n to its right neighbour and
@@ -19,12 +20,13 @@
 //
 // Allgather and reducescatter are the two halves of that ring (reducescatter
 // shifted by one block so that rank r ends with block r, and with uneven
-// blocks), and broadcast is a pipelined chain from the root. Alltoall and
-// barrier use MPI's non-blocking collectives on the same private
-// communicator. Every wait polls MPI and the set's peer monitor (WaitFor
-// below, MPICommunicator::Wait for the MPI collectives), so a peer that dies
-// ends the collective with an error instead of a hang; every MPI error
-// becomes a Status naming the call.
+// blocks), and broadcast is a pipelined chain from the root. Alltoall is a
+// pairwise exchange (every rank sends each peer its block directly: there is
+// nothing to pipeline or reduce), barrier is BarrierP2P, and Adasum runs its
+// recursive halving over pairwise exchanges (CommPointToPoint), each with a
+// tag of its own on the same private communicator. Every wait is the
+// communicator's, which polls the transport and the set's peer monitor, so a
+// peer that dies ends the collective with an error instead of a hang.
 #include "ring_data_plane.h"
 
 #include <algorithm>
@@ -32,11 +34,9 @@
 #include <functional>
 #include <limits>
 
-#include <sched.h>
-
 #include "../logging.h"
 #include "../reduction.h"
-#include "mpi_data_plane.h"
+#include "comm_point_to_point.h"
 
 namespace tfring {
 namespace ring_internal {
@@ -52,13 +52,19 @@ constexpr int64_t kMinPieceBytes = 64 << 10;
 constexpr int64_t kMaxPieceBytes = 1 << 20;
 constexpr int64_t kPiecesPerBlock = 4;
 constexpr int kDefaultWindow = 4;
-// Polls of a wait before it starts yielding the CPU between polls.
-constexpr int kSpinPolls = 64;
 
-// One tag range per collective, one tag per step within it. MPI guarantees
-// tags up to 32767; messages of one collective between two ranks also match
-// in order, so the tags are a safety net and a help when reading traces.
-enum TagKind { kAllreduceTag = 1, kAllgatherTag = 2, kBroadcastTag = 3, kReducescatterTag = 4 };
+// One tag range per collective, one tag per step within it, all below
+// kCollectiveTagBase (BarrierP2P's) and within the 32767 every transport
+// allows. Messages of one collective between two ranks also match in order,
+// so the tags are a safety net and a help when reading traces.
+enum TagKind {
+  kAllreduceTag = 1,
+  kAllgatherTag = 2,
+  kBroadcastTag = 3,
+  kReducescatterTag = 4,
+  kAlltoallTag = 5,
+  kAdasumTag = 6
+};
 int Tag(TagKind kind, int step) { return kind * 4096 + (step & 4095); }
 
 // A piece of a block: byte offset within the block and length in bytes.
@@ -108,48 +114,31 @@ Status CheckReduceOp(ReduceOp op, const char* what) {
                                  " with reduce op " + ReduceOpName(op));
 }
 
-// Frees requests left behind by a failed collective. Receives are cancelled
+// Gives up on requests left behind by a failed collective. Receives go
 // first so that a late message cannot land in memory the caller reuses.
-void Abandon(std::vector<MPI_Request>* reqs, bool cancel) {
-  for (MPI_Request& req : *reqs) {
-    if (req == MPI_REQUEST_NULL) continue;
-    if (cancel) MPI_Cancel(&req);
-    MPI_Request_free(&req);
-  }
+void Abandon(Communicator& comm, std::vector<CommRequestPtr>* recvs,
+             std::vector<CommRequestPtr>* sends) {
+  for (CommRequestPtr& req : *recvs) comm.Cancel(&req);
+  for (CommRequestPtr& req : *sends) comm.Cancel(&req);
 }
 
-// Waits for one request like MPICommunicator::Wait(..., spin=true): polls
-// MPI (which only progresses inside MPI calls) and checks the peer monitor,
-// so a dead peer ends the wait. After a short spin it also yields the CPU
-// between polls: a ring moves many pieces, each a hand-off between two
-// ranks, and when ranks outnumber cores a rank spinning through its whole
-// time slice keeps the rank it waits for off the CPU (3 ranks on 2 cores ran
-// the ring test about twice as slow without this). With a core per rank the
-// yield returns at once.
-Status WaitFor(const MPICommunicator& comm, MPI_Request* req, const char* what) {
-  const auto& monitor = comm.monitor();
-  int done = 0;
-  for (int polls = 0;; ++polls) {
-    const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return MPIStatus(rc, what);
-    if (done) return Status::OK();
-    if (monitor && (polls & 63) == 63) TFRING_RETURN_IF_ERROR(monitor->Check());
-    if (polls >= kSpinPolls) sched_yield();
-  }
-}
-
-Status CountToInt(int64_t bytes, int* out) {
-  if (bytes > std::numeric_limits<int>::max()) {
-    return Status::InvalidArgument("tfring: a ring message piece exceeds 2 GiB");
-  }
-  *out = static_cast<int>(bytes);
-  return Status::OK();
+// Waits for a ring message. Data movement spins (a transport such as MPI
+// progresses only inside Test), yielding the CPU between polls after a short
+// spin: a ring moves many pieces, each a hand-off between two ranks, and when
+// ranks outnumber cores a rank spinning through its whole time slice keeps
+// the rank it waits for off the CPU (3 ranks on 2 cores ran the ring test
+// about twice as slow without the yield). With a core per rank the yield
+// returns at once.
+Status WaitFor(Communicator& comm, CommRequestPtr* req, const char* what) {
+  Status s = comm.Wait(req->get(), what, true);
+  if (s.ok()) req->reset();
+  return s;
 }
 
 class RingDataPlane : public DataPlane {
  public:
-  RingDataPlane(std::shared_ptr<MPICommunicator> comm, const RingOptions& opt)
-      : comm_(std::move(comm)), mpi_(comm_), opt_(opt),
+  RingDataPlane(std::shared_ptr<Communicator> comm, const RingOptions& opt)
+      : comm_(std::move(comm)), adasum_p2p_(comm_, Tag(kAdasumTag, 0)), opt_(opt),
         window_(opt.window > 0 ? opt.window : kDefaultWindow) {}
 
   const char* name() const override { return "ring"; }
@@ -158,12 +147,14 @@ class RingDataPlane : public DataPlane {
   Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
   Status Broadcast(void* buffer, int64_t bytes, int root) override;
   Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
-                  const std::vector<int64_t>& recv_bytes) override {
-    return mpi_.Alltoall(send, send_bytes, recv, recv_bytes);
-  }
+                  const std::vector<int64_t>& recv_bytes) override;
   Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) override;
-  Status Barrier() override { return mpi_.Barrier(); }
+  // A barrier can wait long on a slow rank: BarrierP2P's waits sleep.
+  Status Barrier() override { return BarrierP2P(*comm_); }
+  Status Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) override {
+    return AdasumAllreduce(&adasum_p2p_, buffer, counts, dtype, &adasum_scratch_);
+  }
 
  private:
   // One ring collective: `steps` steps; at step s this rank sends block
@@ -190,8 +181,9 @@ class RingDataPlane : public DataPlane {
 
   Status Run(const Plan& plan);
 
-  std::shared_ptr<MPICommunicator> comm_;
-  MPIDataPlane mpi_;
+  std::shared_ptr<Communicator> comm_;
+  CommPointToPoint adasum_p2p_;
+  std::vector<char> adasum_scratch_;
   RingOptions opt_;
   int window_;
   std::vector<char> slots_;  // receive slots of the scatter-reduce
@@ -217,9 +209,9 @@ Status RingDataPlane::Run(const Plan& p) {
     const size_t need = static_cast<size_t>(p.slot_bytes) * window;
     if (slots_.size() < need) slots_.resize(need);
   }
-  std::vector<MPI_Request> recvs(units.size(), MPI_REQUEST_NULL);
+  std::vector<CommRequestPtr> recvs(units.size());
   std::vector<char*> landed(units.size(), nullptr);
-  std::vector<MPI_Request> sends;
+  std::vector<CommRequestPtr> sends;
   sends.reserve(units.size() + (p.steps > 0 ? pieces[p.send_block(0)].size() : 0));
   // The latest send out of each piece of each block, so that no receive
   // (and no reduction) writes a piece of memory a pending send still reads.
@@ -228,28 +220,23 @@ Status RingDataPlane::Run(const Plan& p) {
 
   auto settle = [&](int b, int k) -> Status {
     const int i = last_send[b][k];
-    if (i < 0 || sends[i] == MPI_REQUEST_NULL) return Status::OK();
-    return WaitFor(*comm_, &sends[i], "Isend (ring)");
+    if (i < 0 || !sends[i]) return Status::OK();
+    return WaitFor(*comm_, &sends[i], "ring send");
   };
   auto post_send = [&](int s, int k) -> Status {
     const int b = p.send_block(s);
     const Piece& pc = pieces[b][k];
-    int len;
-    TFRING_RETURN_IF_ERROR(CountToInt(pc.len, &len));
-    MPI_Request req;
-    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Isend(p.send_base(s, b) + pc.off, len, MPI_BYTE, right,
-                                               Tag(p.tag, s), comm_->get(), &req),
-                                     "Isend (ring)"));
+    CommRequestPtr req;
+    TFRING_RETURN_IF_ERROR(
+        comm_->Isend(p.send_base(s, b) + pc.off, pc.len, right, Tag(p.tag, s), &req));
     last_send[b][k] = static_cast<int>(sends.size());
-    sends.push_back(req);
+    sends.push_back(std::move(req));
     return Status::OK();
   };
   auto post_recv = [&](size_t u) -> Status {
     const Unit& un = units[u];
     const int b = p.recv_block(un.step);
     const Piece& pc = pieces[b][un.k];
-    int len;
-    TFRING_RETURN_IF_ERROR(CountToInt(pc.len, &len));
     char* base = p.recv_base ? p.recv_base(un.step, b) : nullptr;
     char* dst;
     if (base != nullptr) {
@@ -259,9 +246,7 @@ Status RingDataPlane::Run(const Plan& p) {
       dst = slots_.data() + static_cast<int64_t>(u % window) * p.slot_bytes;
     }
     landed[u] = dst;
-    return MPIStatus(
-        MPI_Irecv(dst, len, MPI_BYTE, left, Tag(p.tag, un.step), comm_->get(), &recvs[u]),
-        "Irecv (ring)");
+    return comm_->Irecv(dst, pc.len, left, Tag(p.tag, un.step), &recvs[u]);
   };
   auto body = [&]() -> Status {
     // Receives first, so the first pieces find them posted.
@@ -275,7 +260,7 @@ Status RingDataPlane::Run(const Plan& p) {
       }
     }
     for (size_t u = 0; u < units.size(); ++u) {
-      TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &recvs[u], "Irecv (ring)"));
+      TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &recvs[u], "ring receive"));
       const Unit un = units[u];
       const int b = p.recv_block(un.step);
       if (p.on_recv) {
@@ -287,14 +272,13 @@ Status RingDataPlane::Run(const Plan& p) {
       if (un.step + 1 < p.steps) TFRING_RETURN_IF_ERROR(post_send(un.step + 1, un.k));
       if (u + window < units.size()) TFRING_RETURN_IF_ERROR(post_recv(u + window));
     }
-    for (MPI_Request& req : sends) TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &req, "Isend (ring)"));
+    for (CommRequestPtr& req : sends) {
+      if (req) TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &req, "ring send"));
+    }
     return Status::OK();
   };
   Status s = body();
-  if (!s.ok()) {
-    Abandon(&recvs, true);
-    Abandon(&sends, false);
-  }
+  if (!s.ok()) Abandon(*comm_, &recvs, &sends);
   return s;
 }
 
@@ -401,44 +385,89 @@ Status RingDataPlane::Broadcast(void* buffer, int64_t bytes, int root) {
   std::vector<Piece> pieces;
   SplitBySize(bytes, 1, PieceBytes(bytes, 1, 1, opt_), &pieces);
   const int npieces = static_cast<int>(pieces.size());
-  std::vector<MPI_Request> recvs(prev >= 0 ? npieces : 0, MPI_REQUEST_NULL);
-  std::vector<MPI_Request> sends;
+  std::vector<CommRequestPtr> recvs(prev >= 0 ? npieces : 0);
+  std::vector<CommRequestPtr> sends;
   sends.reserve(next >= 0 ? npieces : 0);
   auto send = [&](int k) -> Status {
-    int len;
-    TFRING_RETURN_IF_ERROR(CountToInt(pieces[k].len, &len));
-    MPI_Request req;
-    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Isend(buf + pieces[k].off, len, MPI_BYTE, next,
-                                               Tag(kBroadcastTag, k), comm_->get(), &req),
-                                     "Isend (ring broadcast)"));
-    sends.push_back(req);
+    CommRequestPtr req;
+    TFRING_RETURN_IF_ERROR(
+        comm_->Isend(buf + pieces[k].off, pieces[k].len, next, Tag(kBroadcastTag, k), &req));
+    sends.push_back(std::move(req));
     return Status::OK();
   };
   auto body = [&]() -> Status {
     // Pieces are disjoint, so every receive can be posted at once.
     for (int k = 0; k < static_cast<int>(recvs.size()); ++k) {
-      int len;
-      TFRING_RETURN_IF_ERROR(CountToInt(pieces[k].len, &len));
-      TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Irecv(buf + pieces[k].off, len, MPI_BYTE, prev,
-                                                 Tag(kBroadcastTag, k), comm_->get(), &recvs[k]),
-                                       "Irecv (ring broadcast)"));
+      TFRING_RETURN_IF_ERROR(comm_->Irecv(buf + pieces[k].off, pieces[k].len, prev,
+                                          Tag(kBroadcastTag, k), &recvs[k]));
     }
     for (int k = 0; k < npieces; ++k) {
       if (prev >= 0) {
-        TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &recvs[k], "Irecv (ring broadcast)"));
+        TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &recvs[k], "ring broadcast receive"));
       }
       if (next >= 0) TFRING_RETURN_IF_ERROR(send(k));
     }
-    for (MPI_Request& req : sends) {
-      TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &req, "Isend (ring broadcast)"));
+    for (CommRequestPtr& req : sends) {
+      TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &req, "ring broadcast send"));
     }
     return Status::OK();
   };
   Status s = body();
-  if (!s.ok()) {
-    Abandon(&recvs, true);
-    Abandon(&sends, false);
+  if (!s.ok()) Abandon(*comm_, &recvs, &sends);
+  return s;
+}
+
+Status RingDataPlane::Alltoall(const void* send, const std::vector<int64_t>& send_bytes,
+                               void* recv, const std::vector<int64_t>& recv_bytes) {
+  const int n = comm_->size(), r = comm_->rank();
+  if (static_cast<int>(send_bytes.size()) != n || static_cast<int>(recv_bytes.size()) != n) {
+    return Status::InvalidArgument("tfring: ring alltoall got " +
+                                   std::to_string(send_bytes.size()) + " send and " +
+                                   std::to_string(recv_bytes.size()) + " receive sizes for " +
+                                   std::to_string(n) + " ranks");
   }
+  if (send_bytes[r] != recv_bytes[r]) {
+    return Status::InvalidArgument("tfring: ring alltoall sends " + std::to_string(send_bytes[r]) +
+                                   " bytes to itself but expects " +
+                                   std::to_string(recv_bytes[r]));
+  }
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  std::vector<int64_t> soff(n, 0), roff(n, 0);
+  for (int j = 1; j < n; ++j) {
+    soff[j] = soff[j - 1] + send_bytes[j - 1];
+    roff[j] = roff[j - 1] + recv_bytes[j - 1];
+  }
+  if (recv_bytes[r] > 0) std::memmove(out + roff[r], in + soff[r], recv_bytes[r]);
+  if (n == 1) return Status::OK();
+  // Every receive is posted before any send, so every message finds its
+  // buffer; the sends then go out in pairwise order (step s: to r+s while
+  // r-s sends here), which spreads the load instead of every rank sending to
+  // rank 0 first. Empty blocks still travel as empty messages: a size that
+  // differs between the two sides is then an error, not a hang.
+  std::vector<CommRequestPtr> recvs(n), sends(n);
+  auto body = [&]() -> Status {
+    for (int s = 1; s < n; ++s) {
+      const int from = Mod(r - s, n);
+      TFRING_RETURN_IF_ERROR(comm_->Irecv(out + roff[from], recv_bytes[from], from,
+                                          Tag(kAlltoallTag, 0), &recvs[from]));
+    }
+    for (int s = 1; s < n; ++s) {
+      const int to = Mod(r + s, n);
+      TFRING_RETURN_IF_ERROR(
+          comm_->Isend(in + soff[to], send_bytes[to], to, Tag(kAlltoallTag, 0), &sends[to]));
+    }
+    for (int s = 1; s < n; ++s) {
+      TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &recvs[Mod(r - s, n)], "ring alltoall receive"));
+    }
+    for (CommRequestPtr& req : sends) {
+      if (req) TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &req, "ring alltoall send"));
+    }
+    return Status::OK();
+  };
+  Status s = body();
+  if (!s.ok()) Abandon(*comm_, &recvs, &sends);
+  TFRING_LOG(TRACE) << "ring alltoall: " << soff[n - 1] + send_bytes[n - 1] << " bytes out";
   return s;
 }
 
@@ -498,30 +527,16 @@ Status RingDataPlane::Reducescatter(const void* send, void* recv,
 
 }  // namespace
 
-Status AgreeAll(const MPICommunicator& comm, bool ok, bool* all_ok) {
-  int in = ok ? 1 : 0, out = 0;
-  MPI_Request req;
-  TFRING_RETURN_IF_ERROR(MPIStatus(
-      MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_MIN, comm.get(), &req), "Iallreduce (agreement)"));
-  TFRING_RETURN_IF_ERROR(comm.Wait(&req, "Iallreduce (agreement)", false));
-  *all_ok = out == 1;
-  return Status::OK();
-}
-
-Status CreateRingDataPlane(std::shared_ptr<MPICommunicator> comm, bool duplicate,
+Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, bool duplicate,
                            const RingOptions& options, std::unique_ptr<DataPlane>* out) {
-  if (!comm || comm->get() == MPI_COMM_NULL) {
+  if (!comm) {
     return Status::InvalidArgument("tfring: the ring data plane needs a communicator");
   }
-  std::shared_ptr<MPICommunicator> ring = comm;
-  if (duplicate) {
-    MPI_Comm dup = MPI_COMM_NULL;
-    TFRING_RETURN_IF_ERROR(
-        MPIStatus(MPI_Comm_dup(comm->get(), &dup), "Comm_dup (ring data plane)"));
-    ring = std::make_shared<MPICommunicator>(dup, comm->monitor());
-  }
+  std::shared_ptr<Communicator> ring = comm;
+  if (duplicate) TFRING_RETURN_IF_ERROR(comm->Dup(&ring));
   out->reset(new RingDataPlane(ring, options));
   TFRING_LOG(DEBUG) << "ring data plane: rank " << ring->rank() << " of " << ring->size()
+                    << " over " << ring->transport()
                     << (options.segment_bytes > 0
                             ? ", pieces of " + std::to_string(options.segment_bytes) + " bytes"
                             : std::string(", pieces sized by message"));
@@ -530,7 +545,7 @@ Status CreateRingDataPlane(std::shared_ptr<MPICommunicator> comm, bool duplicate
 
 }  // namespace ring_internal
 
-Status CreateRingDataPlane(std::shared_ptr<MPICommunicator> comm, std::unique_ptr<DataPlane>* out) {
+Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, std::unique_ptr<DataPlane>* out) {
   return ring_internal::CreateRingDataPlane(std::move(comm), true, ring_internal::RingOptions(),
                                             out);
 }

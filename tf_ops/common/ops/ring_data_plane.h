@@ -1,11 +1,14 @@
-// Data planes for process sets that span several hosts.
+// Data planes built on point-to-point messages only (transport/communicator.h),
+// so that any transport gets them: MPI and our own TCP alike.
 //
 // The ring plane runs allreduce as a segmented, pipelined ring (scatter-reduce
-// then allgather) over MPI point-to-point messages, and allgather, broadcast
-// and reducescatter as rings (or a chain) too. The hierarchical plane reduces
-// within each host first (shared memory when available, MPI on a host-local
-// communicator otherwise), runs the cross-host ring, and shares the result
-// within each host again.
+// then allgather), allgather, broadcast and reducescatter as rings (or a
+// chain) too, alltoall as pairwise exchanges, barrier through BarrierP2P and
+// Adasum through pairwise exchanges. It is complete, so it can be a
+// transport's neutral fallback plane as well as the cross-host plane. The
+// hierarchical plane reduces within each host first (shared memory when
+// available, a ring on the host-local communicator otherwise), runs the
+// cross-host ring, and shares the result within each host again.
 #ifndef TFRING_COMMON_OPS_RING_DATA_PLANE_H
 #define TFRING_COMMON_OPS_RING_DATA_PLANE_H
 
@@ -14,18 +17,18 @@
 #include <string>
 #include <vector>
 
-#include "../mpi/mpi_context.h"
+#include "../transport/communicator.h"
 #include "data_plane.h"
 
 namespace tfring {
 
 // Collective over comm: duplicates it so that ring messages never match any
 // other traffic.
-Status CreateRingDataPlane(std::shared_ptr<MPICommunicator> comm, std::unique_ptr<DataPlane>* out);
+Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, std::unique_ptr<DataPlane>* out);
 
 // `hosts[i]` is the host of the set's rank i (TFRING_HOSTNAME overrides it,
 // which is how tests fake several hosts on one machine). Collective over comm.
-Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
+Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
                                    const std::vector<std::string>& hosts,
                                    std::unique_ptr<DataPlane>* out);
 
@@ -42,15 +45,11 @@ struct RingOptions {
 };
 
 // `duplicate` false uses `comm` itself (it must be private to the plane).
-Status CreateRingDataPlane(std::shared_ptr<MPICommunicator> comm, bool duplicate,
+Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, bool duplicate,
                            const RingOptions& options, std::unique_ptr<DataPlane>* out);
-Status CreateHierarchicalDataPlane(std::shared_ptr<MPICommunicator> comm,
+Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
                                    const std::vector<std::string>& hosts,
                                    const RingOptions& options, std::unique_ptr<DataPlane>* out);
-
-// Every rank's `ok` combined (AND) over comm, so that all ranks of a set take
-// the same decision after a set-up step that may fail on some of them.
-Status AgreeAll(const MPICommunicator& comm, bool ok, bool* all_ok);
 
 }  // namespace ring_internal
 }  // namespace tfring

@@ -1,7 +1,7 @@
 // The intra-host shared-memory data plane: for a process set whose ranks all
 // run on this host, collectives go through one shared segment instead of
-// MPI. The reduction is split across the ranks (each reduces its share) and
-// pipelined in chunks.
+// the transport's messages. The reduction is split across the ranks (each
+// reduces its share) and pipelined in chunks.
 #ifndef TFRING_COMMON_OPS_SHM_DATA_PLANE_H
 #define TFRING_COMMON_OPS_SHM_DATA_PLANE_H
 

@@ -1179,18 +1179,20 @@ static void TestAsyncCompletion() {
 
 // The selector picks by device, then by size.
 static void TestSelectorByDevice() {
-  auto* mpi = new FakePlane("MPI");
+  auto* fallback = new FakePlane("MPI");
   auto* shm = new FakePlane("SHM");
   DataPlaneChoice choice;
   choice.shm_min_bytes = 1024;
-  DataPlaneSelector sel{std::unique_ptr<DataPlane>(mpi), std::unique_ptr<DataPlane>(shm), nullptr,
-                        choice};
-  CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 100) == mpi);
+  DataPlaneSelector sel{std::unique_ptr<DataPlane>(fallback), std::unique_ptr<DataPlane>(shm),
+                        nullptr, choice};
+  // Before any collective, last_used() names the real fallback plane.
+  CHECK(std::string(sel.last_used()) == "MPI");
+  CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 100) == fallback);
   CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 4096) == shm);
   CHECK(std::string(sel.last_used()) == "SHM");
   // No GPU plane: GPU tensors take the host planes (host staged).
   CHECK(!sel.has_gpu() && sel.Select(CollectiveType::ALLREDUCE, 0, 4096) == shm);
-  CHECK(sel.Select(CollectiveType::ALLTOALL, 0, 4096) == mpi);
+  CHECK(sel.Select(CollectiveType::ALLTOALL, 0, 4096) == fallback);
 
   auto* gpu = new FakePlane("GPU", true);
   sel.set_gpu(std::unique_ptr<DataPlane>(gpu));
@@ -1201,7 +1203,7 @@ static void TestSelectorByDevice() {
   }
   CHECK(std::string(sel.last_used()) == "GPU");
   CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 4096) == shm);
-  CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 10) == mpi);
+  CHECK(sel.Select(CollectiveType::ALLREDUCE, kCpuDevice, 10) == fallback);
   // Used as a plane itself, the selector moves host memory only.
   float x[300] = {1};
   CHECK(sel.Allreduce(x, 300, DataType::FLOAT32, ReduceOp::SUM).ok());

@@ -1,8 +1,10 @@
-// MPI test of the ring and hierarchical data planes without TensorFlow:
-// every collective, dtype and reduce op at sizes around the piece size (also
-// with tiny pieces, so the pipeline runs through many pieces and windows),
-// compared byte for byte with the reduction computed locally (and, for the
-// default ring, with the MPI data plane).
+// MPI test of the ring and hierarchical data planes without TensorFlow, the
+// planes built on an MPICommunicator (they see only the Communicator
+// interface): every collective, dtype and reduce op at sizes around the piece
+// size (also with tiny pieces, so the pipeline runs through many pieces and
+// windows), compared byte for byte with the reduction computed locally (and,
+// for the default ring, with the MPI data plane); alltoall and Adasum
+// against the MPI data plane.
 // Built with mpicxx and run with mpiexec by tests/common/ops/test_ring_data_plane.py.
 //
 //   ring_test [--hosts a,a,b] [--debug] [--bench [--segment BYTES] [--window N]]
@@ -200,22 +202,45 @@ static void TestPlane(Named& t, DataPlane& mpi, int rank, int size, bool big, bo
       }
     }
   }
-  // Alltoall and barrier (MPI underneath, on the plane's own communicator).
-  {
+  // Alltoall (pairwise messages) and barrier against the MPI plane's.
+  for (int scale : {1, 1000, 70001}) {
+    if (!big && scale > 1000) continue;
     std::vector<int64_t> sb(size), rb(size);
     int64_t st = 0, rt = 0;
     for (int j = 0; j < size; ++j) {
-      st += sb[j] = (rank + j) % 3 + 1;
-      rt += rb[j] = (j + rank) % 3 + 1;
+      // Some blocks empty: ((rank + j) % 3) is 0 for some pairs.
+      st += sb[j] = ((rank + j) % 3) * scale;
+      rt += rb[j] = ((j + rank) % 3) * scale;
     }
     std::vector<char> in;
     Fill(&in, st, DataType::UINT8, rank, 0);
     std::vector<char> a(rt), b(rt);
-    std::string what = t.name + " alltoall";
+    std::string what = t.name + " alltoall scale " + std::to_string(scale);
     CHECK_OK(t.plane->Alltoall(in.data(), sb, a.data(), rb), what);
     CHECK_OK(mpi.Alltoall(in.data(), sb, b.data(), rb), what);
     CheckSame(a, b, what);
     CHECK_OK(t.plane->Barrier(), t.name + " barrier");
+  }
+  // Adasum: the same bits as the MPI plane's on a power-of-two set; refused
+  // (on every rank alike) otherwise.
+  for (DataType dt : {DataType::FLOAT32, DataType::FLOAT64, DataType::FLOAT16}) {
+    std::vector<int64_t> tensors = {1, 0, 37, big ? 50001 : 501};
+    int64_t total = 0;
+    for (int64_t c : tensors) total += c;
+    std::vector<char> a;
+    Fill(&a, total, dt, rank, 3);
+    std::vector<char> b = a;
+    std::string what = t.name + " adasum " + DataTypeName(dt);
+    Status sa = t.plane->Adasum(a.data(), tensors, dt);
+    Status sb = mpi.Adasum(b.data(), tensors, dt);
+    ++g_checks;
+    if (sa.ok() != sb.ok() || sa.ok() != ((size & (size - 1)) == 0)) {
+      ++g_failures;
+      std::fprintf(stderr, "[%d] %s: plane says '%s', MPI plane says '%s'\n", rank, what.c_str(),
+                   sa.message().c_str(), sb.message().c_str());
+    } else if (sa.ok()) {
+      CheckSame(a, b, what + " vs MPI");
+    }
   }
   // Unsupported op: an error, not a crash, on every rank alike.
   {

@@ -1,0 +1,58 @@
+#include "data_plane_factory.h"
+
+#include <algorithm>
+
+#include "../logging.h"
+#include "data_plane_selector.h"
+#include "ring_data_plane.h"
+#include "shm_data_plane.h"
+
+namespace tfring {
+
+std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& comm,
+                                         std::unique_ptr<DataPlane> fallback,
+                                         const std::vector<std::string>& hosts,
+                                         const Config& config) {
+  if (!fallback) {
+    Status s = CreateRingDataPlane(comm, &fallback);
+    if (!s.ok()) {
+      TFRING_LOG(ERROR) << "no data plane could be made for a process set: " << s.message();
+      return nullptr;
+    }
+  }
+  std::unique_ptr<DataPlane> shm, cross_host;
+  const std::string& ops = config.cpu_operations;
+  const bool known = !hosts.empty() && comm->size() > 1;
+  const bool one_host =
+      known && std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) {
+        return h == hosts[0];
+      });
+  // Every rank of the set sees the same hosts, so all make the same choices
+  // and take part in the same collective set-up calls.
+  if (one_host && (ops == "auto" || ops == "shm")) {
+    Status s = CreateShmDataPlane(comm->rank(), comm->size(), fallback.get(), comm->monitor(),
+                                  &shm);
+    if (!s.ok()) {
+      TFRING_LOG(WARNING) << "shared-memory data plane unavailable, using the "
+                          << fallback->name() << " plane: " << s.message();
+      shm.reset();
+    }
+  }
+  if (known && ((!one_host && ops == "auto") || ops == "ring")) {
+    Status s = config.hierarchical_allreduce && !one_host
+                   ? CreateHierarchicalDataPlane(comm, hosts, &cross_host)
+                   : CreateRingDataPlane(comm, &cross_host);
+    if (!s.ok()) {
+      TFRING_LOG(WARNING) << "cross-host data plane unavailable, using the " << fallback->name()
+                          << " plane: " << s.message();
+      cross_host.reset();
+    }
+  }
+  DataPlaneChoice choice;
+  choice.shm_min_bytes = config.shm_min_bytes;
+  choice.cross_host_min_bytes = config.cross_host_min_bytes;
+  return std::unique_ptr<DataPlane>(
+      new DataPlaneSelector(std::move(fallback), std::move(shm), std::move(cross_host), choice));
+}
+
+}  // namespace tfring
