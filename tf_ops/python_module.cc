@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "common/operations.h"
+#include "common/transport/tcp/tcp_backend.h"
 
 namespace py = pybind11;
 
@@ -25,6 +26,14 @@ PYBIND11_MODULE(_tfring_ops, m) {
     {
       py::gil_scoped_release release;
       s = tfring::InitializeMPI(fortran_comm);
+    }
+    return StatusTuple(s);
+  });
+  m.def("init_tcp", []() {
+    tfring::Status s;
+    {
+      py::gil_scoped_release release;
+      s = tfring::InitializeTCP();
     }
     return StatusTuple(s);
   });
