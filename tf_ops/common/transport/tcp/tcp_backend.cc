@@ -81,14 +81,15 @@ Status TcpBackend::Create(const Config& config, std::unique_ptr<TcpBackend>* out
   tcp::Registration reg;
   reg.host = host;
   reg.pid = getpid();
-  // A listener on every interface is reached through this host's name.
+  // A listener on every interface is advertised by the address this rank
+  // reaches the store from: host names of fake or container hosts need not
+  // resolve, and that interface is the one the other ranks route to.
   const std::string listen_host = listener->host();
-  char real[256] = {0};
-  gethostname(real, sizeof(real) - 1);
-  reg.addr = (listen_host.empty() || listen_host == "0.0.0.0" || listen_host == "::"
-                  ? std::string(real)
-                  : listen_host) +
-             ":" + std::to_string(listener->port());
+  std::string advertised = listen_host;
+  if (listen_host.empty() || listen_host == "0.0.0.0" || listen_host == "::") {
+    advertised = store.LocalAddress();
+  }
+  reg.addr = advertised + ":" + std::to_string(listener->port());
   reg.order = config.host_order;
   reg.slot = config.local_slot;
   if (reg.slot < 0) {
