@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "../../logging.h"
 #include "../../operations.h"
@@ -73,10 +75,19 @@ Status TcpBackend::Create(const Config& config, std::unique_ptr<TcpBackend>* out
   std::unique_ptr<tcp::TcpListener> listener;
   TFRING_RETURN_IF_ERROR(tcp::TcpListener::Open(config.bind_host, 0, &listener));
 
+  // The store may not be up yet (rank 0 starts it with
+  // TFRING_RENDEZVOUS_SERVE=1, a driver may be slower than its workers):
+  // connecting is retried until the start-up timeout.
   tcp::RendezvousClient store;
-  TFRING_RETURN_IF_ERROR(FromWire(
-      store.Connect(config.rendezvous_addr, config.rendezvous_port, secret, timeout),
-      "cannot reach the rendezvous store"));
+  const auto give_up = tcp::After(timeout);
+  while (true) {
+    ws = store.Connect(config.rendezvous_addr, config.rendezvous_port, secret, timeout);
+    const bool retry = ws.cause() == tcp::WireCause::PEER_CLOSED ||
+                       ws.cause() == tcp::WireCause::IO_ERROR;
+    if (ws.ok() || !retry || tcp::Clock::now() >= give_up) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  TFRING_RETURN_IF_ERROR(FromWire(ws, "cannot reach the rendezvous store"));
   const std::string scope = "job/" + std::to_string(g_generation.fetch_add(1));
   tcp::Registration reg;
   reg.host = host;
