@@ -34,9 +34,10 @@ CHECK = textwrap.dedent("""
                  "rocm_built", "ProcessSet", "global_process_set", "add_process_set",
                  "remove_process_set", "Average", "Sum", "Compression"]:
         assert getattr(hvd, name) is getattr(hvd_tf, name), name
+    from tfring.common import loader
     assert hvd.mpi_built() and hvd.mpi_enabled()
-    assert not (hvd.gloo_built() or hvd.gloo_enabled() or hvd.rocm_built() or hvd.ccl_built()
-                or hvd.ddl_built())
+    assert hvd.gloo_built() is hasattr(loader.load()[1], "init_tcp")
+    assert not (hvd.gloo_enabled() or hvd.rocm_built() or hvd.ccl_built() or hvd.ddl_built())
     assert hvd.cuda_built() == hvd.nccl_built()
     assert callable(hvd.PartialDistributedOptimizer)
     print("OK", type(hvd.DistributedOptimizer).__name__)

@@ -7,7 +7,6 @@ the failure tests check that no rank process survives the job.
 """
 import mmap
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -20,143 +19,28 @@ from pathlib import Path
 
 import pytest
 
+from launch_support import (
+    LAUNCH_TIMEOUT, RANK_AND_SIZE, RECORD_PIDS, REPO, assert_all_gone, assert_no_process_with,
+    processes_with, rank_lines, reported_ends, shell_wrapped, tfringrun, wait_for_files)
 from tfring.runner import check_build, hosts, launch, mpiexec, rank_env, rank_wrapper, shm_cleanup
 from tfring.runner.supervisor import Supervisor, format_ranks
-
-REPO = Path(__file__).resolve().parents[2]
-LAUNCH_TIMEOUT = 60
-
-# Rank script prologue: each rank records its pid and its wrapper's pid, then
-# waits until every rank has, so a test's failure cannot race a slow start.
-RECORD_PIDS = textwrap.dedent("""
-    import os, sys, time
-    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-    path = os.path.join(sys.argv[1], f"pids.{rank}")
-    with open(path + ".tmp", "w") as f:
-        f.write(f"{os.getpid()} {os.getppid()}")
-    os.rename(path + ".tmp", path)
-    while not all(os.path.exists(os.path.join(sys.argv[1], f"pids.{r}")) for r in range(size)):
-        time.sleep(0.02)
-""")
-
-
-def tfringrun(*args, timeout=LAUNCH_TIMEOUT, env=None):
-    """Runs tfringrun to completion; returns (CompletedProcess, seconds taken)."""
-    start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "tfring.runner.launch", *args], cwd=REPO, env=env,
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-    return proc, time.monotonic() - start
-
-
-def rank_lines(stdout, stream="stdout"):
-    """{rank: [text, ...]} from prefixed output lines."""
-    found = {}
-    for line in stdout.splitlines():
-        if line.startswith("[") and f"]<{stream}>:" in line:
-            rank, text = line[1:].split(f"]<{stream}>:", 1)
-            found.setdefault(int(rank), []).append(text)
-    return found
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def assert_all_gone(pid_dir, num_proc):
-    """Every rank recorded its pids, and none of those processes is left."""
-    pids = []
-    for rank in range(num_proc):
-        pids += [int(p) for p in (pid_dir / f"pids.{rank}").read_text().split()]
-    deadline = time.monotonic() + 3
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in pids if _alive(p)], "rank processes outlived the job"
-
-
-def processes_with(marker):
-    """Pids of live (non-zombie) processes whose command line contains `marker`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if marker.encode() in f.read() and _alive(int(entry)):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def assert_no_process_with(marker, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = processes_with(marker)
-    for pid in left:  # do not leave them running for the next tests
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    assert not left, f"processes of the job outlived it: {left}"
-
-
-def shell_wrapped(script, *args):
-    """A rank command that runs `script` under a shell, as `tfringrun ... ./train.sh`
-    would: bash stays the rank's process, and python is its child."""
-    return ["bash", "-c", f"{shlex.quote(sys.executable)} -c \"$0\" \"$@\" > /dev/null; exit $?",
-            script, *args]
-
-
-def wait_for_files(directory, names, proc, seconds=LAUNCH_TIMEOUT):
-    deadline = time.monotonic() + seconds
-    while not all((directory / name).exists() for name in names):
-        assert proc.poll() is None, f"tfringrun ended early:\n{proc.communicate()}"
-        assert time.monotonic() < deadline, "the ranks did not get ready"
-        time.sleep(0.05)
-
-
-# A rank's end, alone on its line or as the failure that stops the job.
-_END_LINE = (r"tfringrun: rank {} (exited with code -?\d+|was killed by signal \d+ \(\w+\))"
-             r"(; stopping the job\.|; the job has ended\.)?$")
-
-
-def reported_ends(stderr, num_proc):
-    """{rank: how it ended} from tfringrun's lines about the ranks' ends."""
-    ends = {}
-    for rank in range(num_proc):
-        for line in stderr.splitlines():
-            m = re.match(_END_LINE.format(rank), line)
-            if m:
-                ends[rank] = m.group(1)
-    return ends
-
 
 # -- launching ---------------------------------------------------------------
 
 @pytest.mark.parametrize("num_proc", [2, 3])
-def test_every_rank_runs_with_prefixed_output(num_proc):
-    proc, _ = tfringrun("-np", str(num_proc), sys.executable, "-c",
-                        "import os, sys; print('rank', os.environ['PMI_RANK'], "
-                        "os.environ['PMI_SIZE']); print('oops', file=sys.stderr)")
+def test_every_rank_runs_with_prefixed_output(num_proc, controller):
+    proc, _ = tfringrun(*controller, "-np", str(num_proc), sys.executable, "-c",
+                        f"import os, sys; {RANK_AND_SIZE}; print('rank', rank, size); "
+                        "print('oops', file=sys.stderr)")
     assert proc.returncode == 0, proc.stderr
     out = rank_lines(proc.stdout)
     assert out == {r: [f"rank {r} {num_proc}"] for r in range(num_proc)}
     assert rank_lines(proc.stderr, "stderr") == {r: ["oops"] for r in range(num_proc)}
 
 
-def test_hosts_flag_and_no_prefix_output():
-    proc, _ = tfringrun("-H", "localhost:3", "--no-prefix-output", sys.executable, "-c",
-                        "import os; print('rank', os.environ['PMI_RANK'])")
+def test_hosts_flag_and_no_prefix_output(controller):
+    proc, _ = tfringrun(*controller, "-H", "localhost:3", "--no-prefix-output", sys.executable,
+                        "-c", f"import os; {RANK_AND_SIZE}; print('rank', rank)")
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["rank 0", "rank 1", "rank 2"]
 
@@ -182,10 +66,10 @@ def test_mpi_works_through_the_rank_wrapper():
     assert rank_lines(proc.stdout) == {0: ["2 3"], 1: ["2 3"]}
 
 
-def test_output_filename_writes_per_rank_files(tmp_path):
-    proc, _ = tfringrun("-np", "2", "--output-filename", str(tmp_path / "logs"), sys.executable,
-                        "-c", "import os, sys; r = os.environ['PMI_RANK']; "
-                              "print('out', r); print('err', r, file=sys.stderr)")
+def test_output_filename_writes_per_rank_files(tmp_path, controller):
+    proc, _ = tfringrun(*controller, "-np", "2", "--output-filename", str(tmp_path / "logs"),
+                        sys.executable, "-c", f"import os, sys; {RANK_AND_SIZE}; r = rank; "
+                                              "print('out', r); print('err', r, file=sys.stderr)")
     assert proc.returncode == 0, proc.stderr
     for r in range(2):
         assert (tmp_path / "logs" / f"rank.{r}" / "stdout").read_text() == f"out {r}\n"
@@ -203,49 +87,50 @@ def test_under_an_mpi_launcher_runs_in_place():
 
 # -- failures ----------------------------------------------------------------
 
-def test_failing_rank_stops_the_job(tmp_path):
+def test_failing_rank_stops_the_job(tmp_path, controller):
     script = RECORD_PIDS + textwrap.dedent("""
         if rank == 1:
             sys.exit(3)
         time.sleep(30)
     """)
-    proc, took = tfringrun("-np", "3", sys.executable, "-c", script, str(tmp_path))
+    proc, took = tfringrun(*controller, "-np", "3", sys.executable, "-c", script, str(tmp_path))
     assert proc.returncode == 3
     assert "tfringrun: rank 1 exited with code 3; stopping the job." in proc.stderr
     assert took < 10
     assert_all_gone(tmp_path, 3)
 
 
-def test_rank_killed_by_signal_is_reported(tmp_path):
+def test_rank_killed_by_signal_is_reported(tmp_path, controller):
     script = RECORD_PIDS + textwrap.dedent("""
         if rank == 1:
             os.kill(os.getpid(), 9)
         time.sleep(30)
     """)
-    proc, took = tfringrun("-np", "2", sys.executable, "-c", script, str(tmp_path))
+    proc, took = tfringrun(*controller, "-np", "2", sys.executable, "-c", script, str(tmp_path))
     assert proc.returncode == 128 + 9
     assert "rank 1 was killed by signal 9 (SIGKILL)" in proc.stderr
     assert took < 10
     assert_all_gone(tmp_path, 2)
 
 
-def test_timeout_kills_a_hanging_job(tmp_path):
+def test_timeout_kills_a_hanging_job(tmp_path, controller):
     script = RECORD_PIDS + "time.sleep(0.1 if rank == 1 else 30)\n"
-    proc, took = tfringrun("-np", "3", "--timeout", "2.5", sys.executable, "-c", script,
-                           str(tmp_path))
+    proc, took = tfringrun(*controller, "-np", "3", "--timeout", "2.5", sys.executable, "-c",
+                           script, str(tmp_path))
     assert proc.returncode == 124
     assert "ran past --timeout 2.5 s; ranks still running: 0, 2" in proc.stderr
     assert took < 10
     assert_all_gone(tmp_path, 3)
 
 
-def test_rank_ignoring_sigterm_is_killed(tmp_path):
+def test_rank_ignoring_sigterm_is_killed(tmp_path, controller):
     script = RECORD_PIDS + textwrap.dedent("""
         import signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         time.sleep(30)
     """)
-    proc, took = tfringrun("-np", "2", "--timeout", "1.5", sys.executable, "-c", script,
+    proc, took = tfringrun(*controller, "-np", "2", "--timeout", "1.5", sys.executable, "-c",
+                           script,
                            str(tmp_path))
     assert proc.returncode == 124
     assert took < 15
@@ -253,13 +138,13 @@ def test_rank_ignoring_sigterm_is_killed(tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
-def test_stopping_tfringrun_ends_every_rank(tmp_path, signum):
+def test_stopping_tfringrun_ends_every_rank(tmp_path, signum, controller):
     # SIGINT: tfringrun stops the job itself. SIGKILL: the wrappers notice
     # that tfringrun is gone and stop their commands.
     script = RECORD_PIDS + "time.sleep(30)\n"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfring.runner.launch", "-np", "2", sys.executable, "-c",
-         script, str(tmp_path)], cwd=REPO, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "tfring.runner.launch", *controller, "-np", "2", sys.executable,
+         "-c", script, str(tmp_path)], cwd=REPO, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
@@ -277,19 +162,22 @@ def test_stopping_tfringrun_ends_every_rank(tmp_path, signum):
     assert_all_gone(tmp_path, 2)
 
 
-# Each rank joins MPI (and so MPICH's shared memory), notes the /dev/shm
-# files it maps, then waits: rank 0 in a collective the others never join,
-# the others in a sleep. MODE "fail": rank 1 exits 3 once every rank is
-# ready. MODE "ignore-term": every rank ignores SIGTERM.
+# Under MPI each rank joins MPI (and so MPICH's shared memory), notes the
+# /dev/shm files it maps, then waits: rank 0 in a collective the others never
+# join, the others in a sleep. Under TCP there is no MPI: every rank sleeps.
+# MODE "fail": rank 1 exits 3 once every rank is ready. MODE "ignore-term":
+# every rank ignores SIGTERM.
 STOPPABLE_RANK = textwrap.dedent("""
     import os, signal, sys, time
     marker, out, mode = sys.argv[1:4]
     if mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    comm.barrier()
+    comm = None
+    if "PMI_RANK" in os.environ:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        comm.barrier()
+    """ + RANK_AND_SIZE + """
     with open("/proc/self/maps") as f:
         fields = [line.split() for line in f]
     shm = {x[5] for x in fields if len(x) == 6 and x[5].startswith("/dev/shm/")}
@@ -300,7 +188,7 @@ STOPPABLE_RANK = textwrap.dedent("""
         while not all(os.path.exists(os.path.join(out, f"ready.{r}")) for r in range(size)):
             time.sleep(0.02)
         os._exit(3)
-    if rank == 0:
+    if rank == 0 and comm is not None:
         comm.barrier()  # stalls: nobody else enters it
     time.sleep(120)
 """)
@@ -318,15 +206,15 @@ _STOP_PATHS = {
 @pytest.mark.parametrize("num_proc", [2, 3])
 @pytest.mark.parametrize("path", list(_STOP_PATHS))
 def test_every_stop_path_ends_shell_wrapped_ranks_and_their_shared_memory(
-        tmp_path, path, num_proc):
+        tmp_path, path, num_proc, controller):
     # Issue 8, items 14 and 10: a rank command that is a script used to
     # leave its python running (parent 1) when bash was stopped, and the
     # orphans kept MPICH's /dev/shm file alive past tfringrun's cleanup.
     options, mode, signum, code = _STOP_PATHS[path]
     marker = f"tfring-stop-test-{uuid.uuid4().hex}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfring.runner.launch", "-np", str(num_proc), *options,
-         *shell_wrapped(STOPPABLE_RANK, marker, str(tmp_path), mode)],
+        [sys.executable, "-m", "tfring.runner.launch", *controller, "-np", str(num_proc),
+         *options, *shell_wrapped(STOPPABLE_RANK, marker, str(tmp_path), mode)],
         cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:
@@ -346,6 +234,8 @@ def test_every_stop_path_ends_shell_wrapped_ranks_and_their_shared_memory(
     assert sorted(reported_ends(err, num_proc)) == list(range(num_proc)), err
     if path == "failed-peer":
         assert reported_ends(err, num_proc)[1] == "exited with code 3", err
+    if "--tcp" in controller:
+        return  # no MPI, so no MPI shared memory to check
     shm = set()
     for rank in range(num_proc):
         shm |= set((tmp_path / f"ready.{rank}").read_text().split())
@@ -358,15 +248,16 @@ def test_every_stop_path_ends_shell_wrapped_ranks_and_their_shared_memory(
 
 
 @pytest.mark.parametrize("num_proc", [2, 3])
-def test_ctrl_c_reports_every_rank_end(tmp_path, num_proc):
+def test_ctrl_c_reports_every_rank_end(tmp_path, num_proc, controller):
     # Issue 8, item 13: rank 0 takes a moment to end after SIGTERM; the
     # others die at once. hydra SIGKILLs every rank when one exits without
     # MPI_Finalize, so their wrappers exiting at once killed rank 0 before
     # it could report, and tfringrun said nothing about it.
     script = RECORD_PIDS + textwrap.dedent("""
         import signal
-        from mpi4py import MPI
-        MPI.COMM_WORLD.barrier()
+        if "PMI_RANK" in os.environ:
+            from mpi4py import MPI
+            MPI.COMM_WORLD.barrier()
         def slow_exit(*_):
             time.sleep(1.0)
             os._exit(7)
@@ -376,8 +267,8 @@ def test_ctrl_c_reports_every_rank_end(tmp_path, num_proc):
         time.sleep(60)
     """)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfring.runner.launch", "-np", str(num_proc), sys.executable,
-         "-c", script, str(tmp_path)], cwd=REPO, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "tfring.runner.launch", *controller, "-np", str(num_proc),
+         sys.executable, "-c", script, str(tmp_path)], cwd=REPO, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_files(tmp_path, [f"ready.{r}" for r in range(num_proc)], proc)
@@ -422,7 +313,7 @@ def test_rank_wrapper_ends_what_the_command_left_running(ignore_term):
             os.unlink(ready)
 
 
-def test_job_token_is_not_on_any_command_line(tmp_path):
+def test_job_token_is_not_on_any_command_line(tmp_path, controller):
     # Issue 9: the token was passed as --token, visible in everyone's `ps`.
     script = RECORD_PIDS + textwrap.dedent(f"""
         print("token in env:", {rank_wrapper.TOKEN_ENV!r} in os.environ, flush=True)
@@ -430,9 +321,9 @@ def test_job_token_is_not_on_any_command_line(tmp_path):
             time.sleep(0.02)
     """)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfring.runner.launch", "-np", "2", sys.executable, "-c", script,
-         str(tmp_path)], cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "tfring.runner.launch", *controller, "-np", "2", sys.executable,
+         "-c", script, str(tmp_path)], cwd=REPO, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_files(tmp_path, ["pids.0", "pids.1"], proc)
         tokens = set()
@@ -504,8 +395,8 @@ def test_shm_cleanup_removes_only_the_jobs_unmapped_files():
                 os.unlink(path)
 
 
-def test_missing_command_is_reported():
-    proc, _ = tfringrun("-np", "2", "no-such-command-tfring")
+def test_missing_command_is_reported(controller):
+    proc, _ = tfringrun(*controller, "-np", "2", "no-such-command-tfring")
     assert proc.returncode == 127
     assert "cannot run 'no-such-command-tfring'" in proc.stderr
 
@@ -523,7 +414,8 @@ def test_start_timeout_names_the_missing_ranks(capsys):
 # -- command-line errors -----------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (["-np", "2", "--gloo", "true"], "--gloo is not supported yet"),
+    (["-np", "2", "--gloo", "--mpi-args", "-v", "true"], "--mpi-args needs MPI"),
+    (["-np", "2", "--tcp", "--mpi", "true"], "not allowed with argument"),
     (["-np", "2", "--bogus", "true"], "unrecognized arguments: --bogus"),
     (["-np", "2", "--min-np", "1", "true"], "elastic training (--min-np) is not supported"),
     (["-np", "4", "-H", "localhost:2", "true"], "-np 4 needs more slots than the 2"),
@@ -533,7 +425,7 @@ def test_start_timeout_names_the_missing_ranks(capsys):
 def test_usage_errors(args, message, capsys, monkeypatch):
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
         monkeypatch.delenv(name, raising=False)
-    if "unrecognized" in message:  # argparse's own error
+    if "unrecognized" in message or "not allowed" in message:  # argparse's own error
         with pytest.raises(SystemExit) as exit_info:
             launch.main(args)
         assert exit_info.value.code == 2
@@ -598,11 +490,11 @@ def test_hostfile_errors_say_where(text, where):
         hosts.parse_hostfile_text(text, "hosts")
 
 
-def test_hostfile_flag_end_to_end(tmp_path):
+def test_hostfile_flag_end_to_end(tmp_path, controller):
     path = tmp_path / "hosts"
     path.write_text("localhost slots=2\n")
-    proc, _ = tfringrun("--hostfile", str(path), sys.executable, "-c",
-                        "import os; print(os.environ['PMI_RANK'])")
+    proc, _ = tfringrun(*controller, "--hostfile", str(path), sys.executable, "-c",
+                        f"import os; {RANK_AND_SIZE}; print(rank)")
     assert proc.returncode == 0, proc.stderr
     assert rank_lines(proc.stdout) == {0: ["0"], 1: ["1"]}
 

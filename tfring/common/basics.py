@@ -16,6 +16,12 @@ _OK, _UNKNOWN, _PRECONDITION, _ABORTED, _INVALID_ARGUMENT = 0, 1, 2, 3, 4
 
 _atexit_registered = False
 _init_lock = threading.Lock()
+# The controller the last successful init() started ("mpi" or "tcp").
+_controller_in_use = None
+# The rendezvous store this process serves (TFRING_RENDEZVOUS_SERVE=1).
+_rendezvous_server = None
+_CONTROLLERS = {"mpi": "mpi", "tcp": "tcp", "gloo": "tcp"}
+_TRUE = ("1", "true", "yes", "on")
 # Set by our excepthook: what the other ranks are told when this one dies of
 # an uncaught exception.
 _exit_reason = ""
@@ -67,31 +73,135 @@ def _comm_handle(comm):
     return sub.py2f()
 
 
+def configured_controller(env=None):
+    """The controller init() starts, from the environment.
+
+    ``TFRING_CONTROLLER`` (alias ``HOROVOD_CONTROLLER``) names it: ``mpi``, or
+    ``tcp`` (``gloo``, Horovod's name, means tcp). Unset, it is tcp when
+    ``TFRING_RENDEZVOUS_ADDR`` is set (ranks started by Ray, Spark or
+    Kubernetes point at a store that way), else mpi. tfringrun sets it.
+
+    Args:
+        env: the environment to read (default: os.environ).
+
+    Returns:
+        "mpi" or "tcp".
+
+    Raises:
+        ValueError: the variable names another controller.
+
+    Example:
+        >>> configured_controller({"HOROVOD_CONTROLLER": "gloo"})
+        'tcp'
+    """
+    env = os.environ if env is None else env
+    for name in ("TFRING_CONTROLLER", "HOROVOD_CONTROLLER"):
+        value = env.get(name, "").strip().lower()
+        if value:
+            if value not in _CONTROLLERS:
+                raise ValueError(f"{name}={env[name]!r} names no controller tfring has; use "
+                                 "mpi or tcp (gloo means tcp).")
+            return _CONTROLLERS[value]
+    return "tcp" if env.get("TFRING_RENDEZVOUS_ADDR") else "mpi"
+
+
+def _serve_rendezvous_if_asked(env=None):
+    """Starts the job's rendezvous store in this process when
+    ``TFRING_RENDEZVOUS_SERVE`` is true, at ``TFRING_RENDEZVOUS_ADDR``'s port
+    ``TFRING_RENDEZVOUS_PORT`` (fixed: the other ranks already know it), with
+    ``TFRING_SECRET``. It binds to ``TFRING_BIND_HOST`` when set, to loopback
+    when the address is a loopback one, else to every interface, and serves
+    until the process exits (a re-init finds it still there)."""
+    global _rendezvous_server
+    env = os.environ if env is None else env
+    if env.get("TFRING_RENDEZVOUS_SERVE", "").strip().lower() not in _TRUE:
+        return
+    if _rendezvous_server is not None:
+        return
+    addr = env.get("TFRING_RENDEZVOUS_ADDR", "").strip()
+    port_text = env.get("TFRING_RENDEZVOUS_PORT", "").strip()
+    if not addr or not port_text:
+        raise ValueError("TFRING_RENDEZVOUS_SERVE=1 needs TFRING_RENDEZVOUS_ADDR and "
+                         "TFRING_RENDEZVOUS_PORT: the address the other ranks reach the "
+                         "store at.")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"TFRING_RENDEZVOUS_PORT={port_text!r} is not a port (1-65535); "
+                         "a served store needs the fixed port the other ranks know.")
+    bind = env.get("TFRING_BIND_HOST", "").strip() or (
+        "127.0.0.1" if _is_loopback(addr) else "0.0.0.0")
+    from tfring import runner
+    try:
+        _rendezvous_server, _, _ = runner.start_rendezvous(bind, int(port_text))
+    except OSError as e:
+        raise_for_status(_PRECONDITION, f"TFRING_RENDEZVOUS_SERVE=1: cannot serve the "
+                                        f"rendezvous store on {bind}:{port_text}: "
+                                        f"{e.strerror or e}")
+
+
+def _is_loopback(host):
+    import ipaddress
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
 def init(comm=None, process_sets=None):
     """Starts tfring on this process.
 
+    The controller comes from the environment (see
+    :func:`configured_controller`): MPI, or tfring's TCP transport, which
+    never imports mpi4py nor initialises MPI and finds the other ranks
+    through the rendezvous store at ``TFRING_RENDEZVOUS_ADDR``:
+    ``TFRING_RENDEZVOUS_PORT``. A process with ``TFRING_RENDEZVOUS_SERVE=1``
+    starts that store itself first.
+
     Args:
-        comm: None for every process launched together (MPI_COMM_WORLD), an
-            mpi4py communicator, or a list of MPI_COMM_WORLD ranks.
+        comm: MPI only. None for every process launched together
+            (MPI_COMM_WORLD), an mpi4py communicator, or a list of
+            MPI_COMM_WORLD ranks.
         process_sets: optional list of ProcessSet to register on every rank,
             or "dynamic" (accepted for Horovod compatibility; sets can always
             be added later with add_process_set()).
 
     Raises:
-        ValueError: `comm` names ranks that do not exist or exclude this one.
-        tf.errors.FailedPreconditionError: MPI cannot be used.
+        ValueError: `comm` names ranks that do not exist or exclude this one;
+            `comm` given under the TCP controller; a bad controller or
+            rendezvous variable.
+        tf.errors.FailedPreconditionError: MPI cannot be used; the library
+            has no TCP controller; the store cannot be served.
+        tf.errors.AbortedError, tf.errors.UnknownError: the TCP start-up
+            failed (the message names the cause).
 
     Example:
         >>> import tfring.tensorflow as hvd
         >>> hvd.init()
         >>> print(hvd.rank(), hvd.size())
     """
-    global _atexit_registered
+    global _atexit_registered, _controller_in_use
     with _init_lock:
-        handle = _comm_handle(comm)
-        _check(_core().init(handle))
+        controller = configured_controller()
+        if controller == "tcp":
+            if comm is not None:
+                raise ValueError(
+                    "init(comm=...) needs MPI, but the controller is tcp (TFRING_CONTROLLER, "
+                    "HOROVOD_CONTROLLER=gloo or TFRING_RENDEZVOUS_ADDR). Under tcp the job "
+                    "is every rank that registered with the rendezvous store; use process "
+                    "sets (hvd.add_process_set) for a subset of ranks.")
+            core = _core()
+            if not hasattr(core, "init_tcp"):
+                raise_for_status(_PRECONDITION, "this tfring library has no TCP controller "
+                                                "(no init_tcp): rebuild it from this source.")
+            _serve_rendezvous_if_asked()
+            _check(core.init_tcp())
+        else:
+            handle = _comm_handle(comm)
+            _check(_core().init(handle))
+        _controller_in_use = controller
         if not _atexit_registered:
-            # Registered after mpi4py's own hook, so it runs first: the
+            # Registered after mpi4py's own hook (MPI), so it runs first: the
             # background thread is gone before MPI is finalised.
             atexit.register(_shutdown_at_exit)
             _install_excepthook()
@@ -129,18 +239,22 @@ def _shutdown_at_exit():
         return
     core = _core()
     core.shutdown(_exit_reason or "finished its script (without calling shutdown())")
-    if core.communication_broken():
+    broken = core.communication_broken()
+    if _rendezvous_server is not None and not broken:
+        _rendezvous_server.stop()
+    if broken:
         # A peer is gone: MPI_Finalize could wait for it forever. Skip it.
         # Linger a moment first: the other survivors check their peers every
         # 0.2 s, and should name the rank that died first, not this one.
         import time
         time.sleep(0.5)
-        try:
-            import mpi4py
-            mpi4py.rc.finalize = False
-            from mpi4py import MPI  # noqa: F401
-        except ImportError:
-            pass
+        if _controller_in_use == "mpi":
+            try:
+                import mpi4py
+                mpi4py.rc.finalize = False
+                from mpi4py import MPI  # noqa: F401
+            except ImportError:
+                pass
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
@@ -238,24 +352,84 @@ def mpi_threads_supported():
     return _core().mpi_threads_supported()
 
 
+def _active_controller():
+    return _controller_in_use if _controller_in_use is not None else configured_controller()
+
+
 def mpi_enabled():
-    """True: MPI is tfring's controller and data plane today."""
-    return True
+    """Whether MPI is this job's controller.
+
+    Returns:
+        True when init() started MPI (before init(): when it would).
+
+    Raises:
+        ValueError: TFRING_CONTROLLER names no controller.
+
+    Example:
+        >>> hvd.mpi_enabled()  # under tfringrun --tcp
+        False
+    """
+    return _active_controller() == "mpi"
 
 
 def mpi_built():
-    """True: the library is always built against MPI."""
-    return True
+    """Whether the library was built with MPI (a ``TFRING_WITH_MPI=0`` build
+    has only the TCP controller).
+
+    Returns:
+        True or False, from the library's own record.
+
+    Raises:
+        ImportError: the library cannot be loaded.
+
+    Example:
+        >>> hvd.mpi_built()
+        True
+    """
+    flag = getattr(_core(), "mpi_built", True)
+    return bool(flag() if callable(flag) else flag)
 
 
 def gloo_enabled():
-    """False: tfring has no Gloo controller."""
-    return False
+    """Whether tfring's TCP transport, its counterpart of Horovod's Gloo, is
+    this job's controller (``tfringrun --tcp`` or ``--gloo``).
+
+    Returns:
+        True when init() started the TCP controller (before init(): when it
+        would).
+
+    Raises:
+        ValueError: TFRING_CONTROLLER names no controller.
+
+    Example:
+        >>> hvd.gloo_enabled()  # under tfringrun --gloo
+        True
+    """
+    return _active_controller() == "tcp"
 
 
 def gloo_built():
-    """False: tfring has no Gloo controller."""
-    return False
+    """Whether the Gloo-style controller is built: tfring's TCP transport,
+    which every build of this source has (the library's TCP entry point
+    is what is checked, so an older library says False).
+
+    Returns:
+        True when the loaded library has the TCP controller.
+
+    Raises:
+        ImportError: the library cannot be loaded.
+
+    Example:
+        >>> hvd.gloo_built()
+        True
+    """
+    return hasattr(_core(), "init_tcp")
+
+
+def tcp_built():
+    """Same as :func:`gloo_built`, under tfring's own name (tfringrun
+    --check-build lists it)."""
+    return gloo_built()
 
 
 def nccl_built():

@@ -15,6 +15,8 @@ import dataclasses
 import functools
 import socket
 
+from tfring.runner import rank_wrapper
+
 # Names that always mean "this machine", so they never need a DNS lookup.
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
 
@@ -152,17 +154,15 @@ def is_local(name):
 
 
 def interface_address(interface):
-    """IPv4 address of a network interface such as ``eth0`` (Linux only)."""
-    import fcntl
-    import struct
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), siocgifaddr,
-                                 struct.pack("256s", interface[:15].encode()))
-        except OSError as e:
-            raise HostSpecError(f"network interface {interface!r}: {e.strerror}") from None
-    return socket.inet_ntoa(packed[20:24])
+    """IPv4 address of a network interface such as ``eth0`` on this host (Linux only).
+
+    Raises:
+        HostSpecError: no such interface here, or it has no IPv4 address.
+    """
+    try:
+        return rank_wrapper.interface_address(interface)
+    except OSError as e:
+        raise HostSpecError(f"network interface {interface!r}: {e.strerror or e}") from None
 
 
 def address_seen_from(remote_names, interface=None):

@@ -5,18 +5,24 @@ Usage::
     tfringrun -np 4 python train.py
     tfringrun -np 8 -H server1:4,server2:4 python train.py
     tfringrun -np 8 --hostfile hosts.txt --timeout 3600 python train.py
+    tfringrun --tcp -np 4 python train.py
     tfringrun --check-build
 
-It launches ``-np`` ranks of the command through MPICH's hydra ``mpiexec``
-(the one from the ``mpich`` wheel, next to this Python), watches them, and
-ends the whole job as soon as one rank fails, naming that rank and its exit
-code. Horovod's ``horovodrun`` flags work where they make sense; the tuning
-flags become ``TFRING_*`` variables in every rank (see
-:mod:`tfring.runner.rank_env`).
+It launches ``-np`` ranks of the command, watches them, and ends the whole
+job as soon as one rank fails, naming that rank and its exit code. With MPI
+(the default, ``--mpi``) the ranks start through MPICH's hydra ``mpiexec``
+(the one from the ``mpich`` wheel, next to this Python). With ``--tcp``
+(alias ``--gloo``) tfringrun needs no MPI at all: it serves the job's
+rendezvous store (:mod:`~tfring.runner.rendezvous`), makes a fresh secret
+that proves every connection belongs to the job, and starts the ranks
+itself, local ones as subprocesses and remote ones over ssh. Horovod's
+``horovodrun`` flags work where they make sense; the tuning flags become
+``TFRING_*`` variables in every rank (see :mod:`tfring.runner.rank_env`).
 
 The pieces: :mod:`~tfring.runner.hosts` parses host lists,
 :mod:`~tfring.runner.rank_env` builds the rank environment,
-:mod:`~tfring.runner.mpiexec` builds hydra's command line,
+:mod:`~tfring.runner.mpiexec` builds hydra's command line (MPI), this
+module the ranks' own processes (TCP),
 :mod:`~tfring.runner.rank_wrapper` runs inside each rank, and
 :mod:`~tfring.runner.supervisor` watches the job. This module parses the
 command line and ties them together.
@@ -24,14 +30,16 @@ command line and ties them together.
 import argparse
 import os
 import shlex
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import mpiexec as mpiexec_mod
-from tfring.runner import rank_env, rank_wrapper
-from tfring.runner.supervisor import Supervisor
+from tfring.runner import rank_env, rank_wrapper, wire
+from tfring.runner.supervisor import RankProcessesLaunch, RankSpec, Supervisor
 
 _DESCRIPTION = "Run a tfring (Horovod-compatible) training job on one or more hosts."
 
@@ -40,6 +48,7 @@ examples:
   tfringrun -np 4 python train.py
   tfringrun -np 8 -H host1:4,host2:4 python train.py
   tfringrun -np 2 --fusion-threshold-mb 32 --timeline-filename tl.json python train.py
+  tfringrun --tcp -np 8 -H host1:4,host2:4 -p 2222 python train.py
 
 Options must come before the command; everything from the command on is
 passed to it untouched. Use --mpi-args="..." for extra mpiexec arguments.
@@ -58,8 +67,11 @@ set) and without -np/-H/--hostfile, tfringrun runs the command in place
 with the TFRING_* variables for the flags given, so
 `mpiexec -n 4 tfringrun --fusion-threshold-mb 8 python train.py` works.
 
-Remote hosts are started over ssh by hydra and need this Python, with tfring
-installed, at the same path, and must be able to connect back to this host.
+Remote hosts are started over ssh (by hydra, or under --tcp by tfringrun)
+and need this Python, with tfring installed, at the same path, and must be
+able to connect back to this host. Under --tcp the job's secret reaches the
+ranks only through their environment (over ssh: on ssh's stdin), never on a
+command line.
 """
 
 _ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script", "slots_per_host",
@@ -104,8 +116,10 @@ def build_parser():
                             "exit by themselves before stopping them (default 5; tfring "
                             "extension)")
     group.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces",
-                       metavar="NIC", help="network interface for the launcher's traffic, e.g. "
-                                           "eth0 (hydra uses one: the first of a list)")
+                       metavar="NIC[,NIC...]",
+                       help="network interfaces to listen on and talk over, e.g. eth0; each "
+                            "host uses the first of the list it has (hydra under MPI: the "
+                            "first of the list)")
     group.add_argument("-p", "--ssh-port", type=int, metavar="PORT",
                        help="ssh port on remote hosts")
     group.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="ssh private key")
@@ -123,8 +137,12 @@ def build_parser():
 
     group = parser.add_argument_group("controller")
     backend = group.add_mutually_exclusive_group()
-    backend.add_argument("--mpi", action="store_true", help="use MPI (the default, and only one)")
-    backend.add_argument("--gloo", action="store_true", help="not supported by tfring yet")
+    backend.add_argument("--mpi", action="store_true",
+                         help="start the ranks with mpiexec and use MPI (the default)")
+    backend.add_argument("--tcp", "--gloo", dest="tcp", action="store_true",
+                         help="tfring's own TCP transport: no MPI; tfringrun starts the ranks "
+                              "(remote ones over ssh) and serves their rendezvous "
+                              "(TFRING_CONTROLLER=tcp; --gloo is Horovod's name)")
 
     group = parser.add_argument_group("tuning (exported to every rank as TFRING_* variables)")
     group.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
@@ -233,9 +251,6 @@ def main(argv=None):
     if args.check_build:
         from tfring.runner import check_build
         return check_build.main()
-    if args.gloo:
-        return _fail("--gloo is not supported yet: tfring's controller is MPI. "
-                     "Leave out --gloo (or pass --mpi).")
     elastic = [name for name in _ELASTIC_FLAGS if getattr(args, name) is not None]
     if elastic:
         flags = ", ".join("--" + name.replace("_", "-") for name in elastic)
@@ -252,6 +267,9 @@ def main(argv=None):
         return _fail(str(e))
     if args.num_proc is None and hosts is None:
         if under_mpi_launcher():
+            if args.tcp:
+                return _fail("--tcp starts the ranks itself; under an MPI launcher, leave it "
+                             "out (the ranks then use MPI).")
             return _exec_in_place(command, extra_env)
         return _fail("-np is required (or -H/--hostfile, to use all their slots)")
     if hosts is None:
@@ -262,6 +280,11 @@ def main(argv=None):
     if num_proc > hosts_mod.total_slots(hosts):
         return _fail(f"-np {num_proc} needs more slots than the {hosts_mod.total_slots(hosts)} "
                      f"in the host list ({','.join(str(h) for h in hosts)})")
+    if args.tcp:
+        if args.mpi_args:
+            return _fail("--mpi-args needs MPI; --tcp starts the ranks without mpiexec.")
+        code = _build_library_first()
+        return code or _launch_tcp(args, hosts, num_proc, command, extra_env)
     try:
         mpiexec = mpiexec_mod.find_mpiexec()
     except mpiexec_mod.MpiexecNotFound as e:
@@ -270,7 +293,7 @@ def main(argv=None):
     code = _build_library_first()
     if code:
         return code
-    return _launch(args, hosts, num_proc, command, extra_env, mpiexec)
+    return _launch_mpi(args, hosts, num_proc, command, extra_env, mpiexec)
 
 
 def _build_library_first():
@@ -291,55 +314,208 @@ def _build_library_first():
     return 0
 
 
-def _launch(args, hosts, num_proc, command, extra_env, mpiexec):
-    placement = hosts_mod.assign_ranks(hosts, num_proc)
-    remote = [name for name in placement if not hosts_mod.is_local(name)]
-    local_ranks = sum(len(r) for name, r in placement.items() if name not in remote)
-    env = {**rank_env.default_env(local_ranks), **extra_env}
-    interface = args.network_interfaces.split(",")[0] if args.network_interfaces else None
-    try:
-        advertise = hosts_mod.address_seen_from(remote, interface) if remote else "127.0.0.1"
-    except (hosts_mod.HostSpecError, OSError) as e:
-        return _fail(str(e), 1)
-    output_dir = None
-    if args.output_filename:
-        output_dir = os.path.abspath(args.output_filename)
-        os.makedirs(output_dir, exist_ok=True)
+class _Job:
+    """What both launch modes share: the placement, the addresses to listen
+    on, the supervisor and the rank wrapper's command line."""
 
-    supervisor = Supervisor(
-        num_proc, bind_host="0.0.0.0" if remote else "127.0.0.1", advertise_host=advertise,
-        start_timeout=args.start_timeout, timeout=args.timeout, verbose=args.verbose,
-        show_hosts=len(placement) > 1, failure_grace=args.failure_grace_seconds)
-    rank_command = [sys.executable, os.path.abspath(rank_wrapper.__file__)]
-    rank_command += supervisor.wrapper_args()
-    if args.prefix_output:
-        rank_command.append("--prefix")
-    if output_dir:
-        rank_command += ["--output-dir", output_dir]
-    rank_command += ["--"] + command
+    def __init__(self, args, hosts, num_proc):
+        self.args = args
+        self.placement = hosts_mod.assign_ranks(hosts, num_proc)
+        self.remote = [name for name in self.placement if not hosts_mod.is_local(name)]
+        self.local_ranks = sum(len(r) for name, r in self.placement.items()
+                               if name not in self.remote)
+        self.interfaces = [n.strip() for n in (args.network_interfaces or "").split(",")
+                           if n.strip()]
+        self.output_dir = None
+        if args.output_filename:
+            self.output_dir = os.path.abspath(args.output_filename)
+            os.makedirs(self.output_dir, exist_ok=True)
 
-    with tempfile.TemporaryDirectory(prefix="tfringrun-") as scratch:
-        shim = None
-        if remote and (args.ssh_port is not None or args.ssh_identity_file):
-            shim = mpiexec_mod.write_ssh_shim(scratch, args.ssh_port, args.ssh_identity_file)
-        cmd = mpiexec_mod.build_command(
-            mpiexec, hosts, num_proc, env, rank_command, ssh_shim=shim,
-            network_interface=interface,
-            mpi_args=shlex.split(args.mpi_args) if args.mpi_args else ())
-        if args.verbose:
-            placed = "; ".join(f"{name}: ranks {min(r)}-{max(r)}" for name, r in placement.items())
-            print(f"tfringrun: {num_proc} ranks on {placed}", file=sys.stderr)
-            for name, value in env.items():
+    def addresses(self):
+        """(bind, advertise): where this host's listening sockets bind, and
+        the address the ranks reach them at. --network-interfaces: that
+        interface's address for both; one host: loopback; else every
+        interface, advertised by the address routed towards the remote
+        hosts.
+
+        Raises:
+            HostSpecError, OSError: no address can be found.
+        """
+        if self.interfaces:
+            env = {rank_wrapper.INTERFACES_ENV: ",".join(self.interfaces)}
+            try:
+                rank_wrapper.resolve_bind_host(env)
+            except OSError as e:
+                raise hosts_mod.HostSpecError(str(e)) from None
+            return env[rank_wrapper.BIND_ENV], env[rank_wrapper.BIND_ENV]
+        if self.remote:
+            return "0.0.0.0", hosts_mod.address_seen_from(self.remote)
+        return "127.0.0.1", "127.0.0.1"
+
+    def supervisor(self, bind, advertise):
+        args = self.args
+        return Supervisor(
+            sum(len(r) for r in self.placement.values()), bind_host=bind,
+            advertise_host=advertise, start_timeout=args.start_timeout, timeout=args.timeout,
+            verbose=args.verbose, show_hosts=len(self.placement) > 1,
+            failure_grace=args.failure_grace_seconds)
+
+    def wrapper_command(self, supervisor, command, env_stdin=False):
+        cmd = [sys.executable, os.path.abspath(rank_wrapper.__file__)]
+        cmd += supervisor.wrapper_args()
+        if self.args.prefix_output:
+            cmd.append("--prefix")
+        if self.output_dir:
+            cmd += ["--output-dir", self.output_dir]
+        if env_stdin:
+            cmd.append("--env-stdin")
+        return cmd + ["--"] + list(command)
+
+    def verbose_summary(self, env):
+        if not self.args.verbose:
+            return
+        placed = "; ".join(f"{name}: ranks {min(r)}-{max(r)}"
+                           for name, r in self.placement.items())
+        print(f"tfringrun: {sum(map(len, self.placement.values()))} ranks on {placed}",
+              file=sys.stderr)
+        for name, value in env.items():
+            if name != wire.SECRET_ENV:
                 print(f"tfringrun: export {name}={value}", file=sys.stderr)
-            print(f"tfringrun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        code = supervisor.run(cmd)
-        if supervisor.shm_removed and args.verbose:
+
+    def report_cleanup(self, supervisor):
+        if supervisor.shm_removed and self.args.verbose:
             print(f"tfringrun: removed {len(supervisor.shm_removed)} shared-memory files "
                   "the job left", file=sys.stderr)
         if supervisor.shm_left:
             print(f"tfringrun: left {', '.join(supervisor.shm_left)}: another process "
                   "still maps it", file=sys.stderr)
+
+
+def _launch_mpi(args, hosts, num_proc, command, extra_env, mpiexec):
+    job = _Job(args, hosts, num_proc)
+    env = {**rank_env.default_env(job.local_ranks), **extra_env, "TFRING_CONTROLLER": "mpi"}
+    try:
+        bind, advertise = job.addresses()
+    except (hosts_mod.HostSpecError, OSError) as e:
+        return _fail(str(e), 1)
+    supervisor = job.supervisor(bind, advertise)
+    rank_command = job.wrapper_command(supervisor, command)
+    interface = job.interfaces[0] if job.interfaces else None
+    with tempfile.TemporaryDirectory(prefix="tfringrun-") as scratch:
+        shim = None
+        if job.remote and (args.ssh_port is not None or args.ssh_identity_file):
+            shim = mpiexec_mod.write_ssh_shim(scratch, args.ssh_port, args.ssh_identity_file)
+        cmd = mpiexec_mod.build_command(
+            mpiexec, hosts, num_proc, env, rank_command, ssh_shim=shim,
+            network_interface=interface,
+            mpi_args=shlex.split(args.mpi_args) if args.mpi_args else ())
+        job.verbose_summary(env)
+        if args.verbose:
+            print(f"tfringrun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        code = supervisor.run(cmd)
+        job.report_cleanup(supervisor)
         return code
+
+
+def ssh_command(host, remote_command, port=None, identity_file=None):
+    """The argv that runs `remote_command` (a list) on `host` over ssh, from
+    this directory. BatchMode: a host that would ask for a password or an
+    unknown host key fails at once instead of waiting for an answer that
+    never comes (stdin carries the rank's environment)."""
+    cmd = ["ssh", "-o", "BatchMode=yes"]
+    if port is not None:
+        cmd += ["-p", str(port)]
+    if identity_file:
+        cmd += ["-i", os.path.abspath(os.path.expanduser(identity_file))]
+    return cmd + [host, f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(remote_command)}"]
+
+
+def fake_host_names(env=os.environ):
+    """The per-rank host names of ``TFRING_HOSTNAME=a,a,b`` (alias
+    ``HOROVOD_HOSTNAME``), which fakes hosts on one machine (rank r is on the
+    r-th; ranks past the list on this machine); None for a single name or none.
+    Under MPI the core picks its name by rank; under TCP a rank knows its
+    rank only after the rendezvous, so tfringrun hands each its own name."""
+    value = env.get("TFRING_HOSTNAME") or env.get("HOROVOD_HOSTNAME") or ""
+    return [n.strip() for n in value.split(",")] if "," in value else None
+
+
+def tcp_rank_env(placement, remote, bind_host, interfaces, fake_hosts=None):
+    """{rank: variables} for the ranks' place in the job: the rank tfringrun
+    expects (``TFRING_RANK``), ``TFRING_HOST_ORDER`` (the host's index
+    in the host list) and ``TFRING_LOCAL_SLOT`` (the rank's slot on it), and
+    where it listens. Every name of this machine counts as one host, so
+    ``-H localhost:2,127.0.0.1:2`` places four ranks on one host, unless
+    `fake_hosts` (see :func:`fake_host_names`) splits it into fake hosts: then
+    each local rank gets its fake name as ``TFRING_HOSTNAME``, and hosts are
+    ordered by first appearance, so the ranks the core derives are tfringrun's."""
+    order, slots, env = {}, {}, {}
+    real_host = socket.gethostname()
+    for name, ranks in placement.items():
+        for rank in ranks:
+            key, own_name = (name, None) if name in remote else (None, None)  # None: here
+            if key is None and fake_hosts is not None:
+                own_name = fake_hosts[rank] if rank < len(fake_hosts) else real_host
+                key = ("fake", own_name)
+            order.setdefault(key, len(order))
+            slot = slots.get(key, 0)
+            slots[key] = slot + 1
+            env[rank] = {rank_wrapper.RANK_ENV: str(rank), "TFRING_HOST_ORDER": str(order[key]),
+                         "TFRING_LOCAL_SLOT": str(slot)}
+            if own_name is not None:
+                env[rank]["TFRING_HOSTNAME"] = own_name
+            if key is not None and interfaces:
+                # Resolved by the wrapper on that host: addresses differ per host.
+                env[rank][rank_wrapper.BIND_ENV] = ""
+                env[rank][rank_wrapper.INTERFACES_ENV] = ",".join(interfaces)
+            else:
+                env[rank][rank_wrapper.BIND_ENV] = bind_host
+    return env
+
+
+def _launch_tcp(args, hosts, num_proc, command, extra_env):
+    from tfring.runner import rendezvous
+    job = _Job(args, hosts, num_proc)
+    if job.remote and shutil.which("ssh") is None:
+        return _fail(f"ssh was not found on PATH; --tcp starts the ranks on "
+                     f"{', '.join(job.remote)} with it.", 1)
+    try:
+        bind, advertise = job.addresses()
+    except (hosts_mod.HostSpecError, OSError) as e:
+        return _fail(str(e), 1)
+    secret = wire.generate_secret()
+    try:
+        store = rendezvous.start_server(bind, 0, secret)
+    except OSError as e:
+        return _fail(f"cannot start the rendezvous store on {bind}: {e.strerror or e}", 1)
+    try:
+        env = {**rank_env.default_env(job.local_ranks), **extra_env,
+               "TFRING_CONTROLLER": "tcp", "TFRING_RENDEZVOUS_ADDR": advertise,
+               "TFRING_RENDEZVOUS_PORT": str(store.address[1]), "TFRING_SIZE": str(num_proc)}
+        job.verbose_summary(env)
+        env[wire.SECRET_ENV] = wire.encode_secret(secret)
+        supervisor = job.supervisor(bind, advertise)
+        per_rank = tcp_rank_env(job.placement, job.remote, bind, job.interfaces,
+                                fake_host_names())
+        specs = []
+        for name, ranks in job.placement.items():
+            for rank in ranks:
+                if name in job.remote:
+                    argv = ssh_command(name, job.wrapper_command(supervisor, command, True),
+                                       args.ssh_port, args.ssh_identity_file)
+                    specs.append(RankSpec(rank, argv, per_rank[rank], remote=True,
+                                          what=f"ssh {name}"))
+                else:
+                    specs.append(RankSpec(rank, job.wrapper_command(supervisor, command),
+                                          per_rank[rank]))
+                if args.verbose:
+                    print(f"tfringrun: rank {rank}: {shlex.join(specs[-1].argv)}",
+                          file=sys.stderr, flush=True)
+        code = supervisor.run(RankProcessesLaunch(specs), dict(os.environ, **env))
+        job.report_cleanup(supervisor)
+        return code
+    finally:
+        store.stop()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@ flag                                        variable
 ``--start-timeout S``                       ``TFRING_START_TIMEOUT``
 ==========================================  =====================================
 
+tfringrun also names the controller, ``TFRING_CONTROLLER=mpi`` or ``tcp``
+(a user's own setting never reaches an MPI job's ranks), and under ``--tcp``
+adds the rendezvous variables, the secret and each rank's place (see
+:func:`tfring.runner.launch.tcp_rank_env` and docs/running.md).
+
 Besides those, tfringrun sets two defaults that the user's own environment
 overrides: ``TF_CPP_MIN_LOG_LEVEL=2`` (TensorFlow's start-up logging, times N
 ranks, buries the job's output) and, when a host runs more ranks than it has

@@ -3,11 +3,16 @@
 tfringrun starts every rank as::
 
     python .../tfring/runner/rank_wrapper.py --launcher HOST:PORT \\
-        [--prefix] [--output-dir DIR] [--grace S] -- command args...
+        [--prefix] [--output-dir DIR] [--grace S] [--env-stdin] -- command args...
 
-under ``mpiexec``, with the job's token in ``TFRING_LAUNCHER_TOKEN`` (in the
+under ``mpiexec`` (MPI), or itself (TCP: locally as a subprocess, remotely
+over ssh), with the job's token in ``TFRING_LAUNCHER_TOKEN`` (in the
 environment, not in argv, where every user's ``ps`` would show it; the
-wrapper removes it before starting the command). The wrapper is needed
+wrapper removes it before starting the command). Over ssh the environment,
+token and TCP secret included, comes as one JSON object on stdin
+(``--env-stdin``), since a remote command line is just as visible. Under TCP
+the rank is ``TFRING_RANK``, and ``TFRING_NETWORK_INTERFACES`` is
+turned into this host's ``TFRING_BIND_HOST``. The wrapper is needed
 because hydra (MPICH's mpiexec) neither tells its caller which rank failed
 nor ends the job when a rank that never called MPI_Init exits non-zero: the
 other ranks run on. The wrapper
@@ -42,6 +47,7 @@ wire format is defined here and parsed by :mod:`tfring.runner.supervisor`.
 """
 import argparse
 import ctypes
+import json
 import os
 import select
 import signal
@@ -58,6 +64,13 @@ STOP = "stop"     # launcher -> wrapper: end the command now
 RELEASE = "release"  # launcher -> wrapper: every rank has reported its end; exit now
 # How tfringrun hands the job token to the wrappers.
 TOKEN_ENV = "TFRING_LAUNCHER_TOKEN"
+# The rank tfringrun placed here, when no MPI launcher numbers the ranks (TCP).
+RANK_ENV = "TFRING_RANK"
+# Interface names whose address (on the rank's own host) the rank listens on.
+INTERFACES_ENV = "TFRING_NETWORK_INTERFACES"
+BIND_ENV = "TFRING_BIND_HOST"
+# An environment on stdin larger than this is refused, not read without bound.
+_MAX_ENV_BYTES = 16 << 20
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
@@ -77,6 +90,73 @@ def rank_from_env(env=os.environ):
     return None
 
 
+def launcher_rank(env=os.environ):
+    """The rank as an MPI launcher numbered it, else as tfringrun placed it
+    (``TFRING_RANK``), else None."""
+    rank = rank_from_env(env)
+    if rank is None and env.get(RANK_ENV, "").isdigit():
+        rank = int(env[RANK_ENV])
+    return rank
+
+
+def read_environment(stream):
+    """The environment tfringrun sent on stdin: one JSON object of strings.
+
+    Raises:
+        ValueError: it is not one, or larger than 16 MiB.
+    """
+    data = stream.read(_MAX_ENV_BYTES + 1)
+    if len(data) > _MAX_ENV_BYTES:
+        raise ValueError(f"the environment on stdin exceeds {_MAX_ENV_BYTES} bytes")
+    try:
+        env = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"the environment on stdin is not JSON: {e}") from None
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+            for k, v in env.items()):
+        raise ValueError("the environment on stdin is not an object of string variables")
+    return env
+
+
+def interface_address(interface):
+    """IPv4 address of a network interface such as ``eth0`` (Linux only).
+
+    Raises:
+        OSError: no such interface, or it has no IPv4 address.
+    """
+    import fcntl
+    import struct
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = fcntl.ioctl(s.fileno(), siocgifaddr,
+                             struct.pack("256s", interface[:15].encode()))
+    return socket.inet_ntoa(packed[20:24])
+
+
+def resolve_bind_host(env):
+    """Sets ``TFRING_BIND_HOST`` in `env` from ``TFRING_NETWORK_INTERFACES``
+    (the first listed interface this host has), unless it is set already.
+    Interfaces are resolved here, on the rank's host: the same name has a
+    different address on every host.
+
+    Raises:
+        OSError: none of the interfaces exists here.
+    """
+    names = [n.strip() for n in env.get(INTERFACES_ENV, "").split(",") if n.strip()]
+    if not names or env.get(BIND_ENV):
+        return
+    errors = []
+    for name in names:
+        try:
+            env[BIND_ENV] = interface_address(name)
+            return
+        except OSError as e:
+            errors.append(f"{name}: {e.strerror or e}")
+    raise OSError(f"none of --network-interfaces {','.join(names)} has an IPv4 address on "
+                  f"{socket.gethostname()} ({'; '.join(errors)})")
+
+
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="rank_wrapper", allow_abbrev=False)
     parser.add_argument("--launcher", help="HOST:PORT of tfringrun's status listener")
@@ -85,6 +165,8 @@ def _parse_args(argv):
     parser.add_argument("--grace", type=float, default=3.0,
                         help="seconds between SIGTERM and SIGKILL when stopping")
     parser.add_argument("--connect-timeout", type=float, default=30.0)
+    parser.add_argument("--env-stdin", action="store_true",
+                        help="read the rank's environment from stdin, one JSON object")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -348,6 +430,7 @@ class RankWrapper:
             # launcher socket, are non-inheritable and are not passed on.
             self.child = subprocess.Popen(
                 self.args.command, close_fds=False, preexec_fn=_die_with_parent,
+                stdin=subprocess.DEVNULL if self.args.env_stdin else None,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for signum in self.pending_signals:
                 self._signal_child(signum)
@@ -417,7 +500,16 @@ def exit_status(code):
 
 def main(argv=None):
     args = _parse_args(sys.argv[1:] if argv is None else argv)
-    rank = rank_from_env()
+    try:
+        if args.env_stdin:
+            os.environ.update(read_environment(sys.stdin.buffer))
+        resolve_bind_host(os.environ)
+    except (OSError, ValueError) as e:
+        rank = launcher_rank()
+        print(f"tfringrun: rank {'?' if rank is None else rank}: {e}", file=sys.stderr,
+              flush=True)
+        return 1
+    rank = launcher_rank()
     # Taken out of the environment so the command does not inherit it.
     token = os.environ.pop(TOKEN_ENV, "")
     wrapper = RankWrapper(args, "?" if rank is None else rank, token)

@@ -9,9 +9,13 @@ hydra alone is not enough to run a job well:
 
 So every rank runs under :mod:`tfring.runner.rank_wrapper`, which connects
 back to a TCP listener here, says ``hello`` when its command has started and
-``exit RANK CODE`` when it ends. The supervisor runs mpiexec in its own
-session (so a terminal's Ctrl-C reaches only tfringrun, which then stops the
-job in order) and loops until mpiexec exits:
+``exit RANK CODE`` when it ends. How the wrappers are started is the job's
+*launch mode*, the one thing that differs between controllers:
+:class:`MpiexecLaunch` (one mpiexec process starts every rank, MPI) and
+:class:`RankProcessesLaunch` (tfringrun starts one process per rank itself: a
+local wrapper, or ssh running a remote one; TCP). The supervisor starts the
+mode's processes in their own sessions (so a terminal's Ctrl-C reaches only
+tfringrun, which then stops the job in order) and loops until none is left:
 
 * the first rank that exits non-zero (or dies of a signal) is reported on
   stderr and the job is stopped;
@@ -19,9 +23,10 @@ job in order) and loops until mpiexec exits:
   ``--start-timeout``, and SIGINT/SIGTERM/SIGHUP on tfringrun also stop it.
 
 Stopping sends ``stop`` to every wrapper (each SIGTERMs its rank's process
-group and SIGKILLs what is left after the grace period), SIGTERMs mpiexec
-if some rank has not connected yet, and, if processes remain after the
-grace period plus a margin, SIGKILLs mpiexec and every process under it. A
+group and SIGKILLs what is left after the grace period), SIGTERMs what
+starts the ranks that have not connected yet (mpiexec, or those ranks' own
+processes), and, if processes remain after the grace period plus a margin,
+SIGKILLs every process the launch mode started and everything under them. A
 second Ctrl-C skips straight to that. If tfringrun itself is killed, the
 wrappers see their connection drop and stop their commands, so no rank
 outlives the job.
@@ -37,6 +42,7 @@ ranks on this host have mapped; when the job is over, those that no
 process maps any more are removed (see :mod:`tfring.runner.shm_cleanup`).
 """
 import hmac
+import json
 import os
 import secrets
 import selectors
@@ -44,6 +50,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from tfring.runner import rank_wrapper as wire
@@ -141,8 +148,197 @@ class _Connection:
         self.released = False
 
 
+def _signal(pid, signum, group=False):
+    try:
+        if group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+class MpiexecLaunch:
+    """Launch mode: one mpiexec process starts every rank (the MPI controller).
+
+    Args:
+        cmd: mpiexec's command line, rank wrapper and user command included.
+    """
+
+    def __init__(self, cmd):
+        self.cmd = list(cmd)
+        self.proc = None
+
+    def start(self, env):
+        """Starts mpiexec with `env` (the token included; hydra passes it on)."""
+        self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True)
+
+    def started(self):
+        return self.proc is not None
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def roots(self):
+        """Pids of the processes this mode started and that are still there."""
+        return [self.proc.pid] if self.running() else []
+
+    def stop_unstarted(self, ranks):
+        # Ranks without a connection cannot be told; hydra passes SIGTERM on.
+        if self.running():
+            self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        for pid in self.roots():
+            _signal(pid, signal.SIGKILL)
+
+    def wait(self):
+        if self.proc is not None:
+            self.proc.wait()
+
+    def ended_without_rank(self):
+        """[(rank, code, what)] of launch processes that ended on their own
+        behalf; mpiexec's end is no one rank's."""
+        return []
+
+    def failure(self, not_started):
+        """(exit code, message) when the mode itself failed, or None."""
+        code = self.proc.returncode
+        if code == 0:
+            return None
+        detail = f" before ranks {format_ranks(not_started)} started" if not_started else ""
+        return (code if code > 0 else 128 - code, f"mpiexec exited with code {code}{detail}.")
+
+
+class RankSpec:
+    """One rank's process for :class:`RankProcessesLaunch`.
+
+    Args:
+        rank: the rank it runs.
+        argv: the command line: the rank wrapper, or ssh running one remotely.
+        env: variables added to the job's environment for this rank.
+        remote: the process is ssh: it runs with tfringrun's own environment,
+            and the rank's environment (job token and secret included) goes
+            to the remote wrapper through ssh's stdin, never on a command line.
+        what: how messages name the process, e.g. "ssh host2".
+    """
+
+    def __init__(self, rank, argv, env=None, remote=False, what="its wrapper"):
+        self.rank, self.argv, self.env = rank, list(argv), dict(env or {})
+        self.remote, self.what = remote, what
+        self.proc = None
+        self.reported = False
+
+
+# Variables that describe the launching host or session, not the job: a
+# remote rank keeps its own.
+_HOST_VARIABLES = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "DISPLAY", "XAUTHORITY",
+                   "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "TMUX",
+                   "TERM_SESSION_ID"}
+
+
+def remote_environment(env):
+    """The environment a remote rank gets: the job's, minus what belongs to
+    this host or session (as hydra also forwards the whole environment)."""
+    return {k: v for k, v in env.items() if k not in _HOST_VARIABLES}
+
+
+class RankProcessesLaunch:
+    """Launch mode: tfringrun starts one process per rank itself (the TCP
+    controller): a local rank wrapper, or ssh running a remote one. Each leads
+    its own session and process group.
+
+    Args:
+        specs: one :class:`RankSpec` per rank.
+    """
+
+    def __init__(self, specs):
+        self.specs = list(specs)
+
+    def start(self, env):
+        """Starts every rank's process; `env` is the job's environment (the
+        token included). A process that cannot be started counts as a rank
+        that ended before it started (127: no such program, else 126)."""
+        for spec in self.specs:
+            full = dict(env, **spec.env)
+            try:
+                spec.proc = subprocess.Popen(
+                    spec.argv, env=None if spec.remote else full, start_new_session=True,
+                    stdin=subprocess.PIPE if spec.remote else subprocess.DEVNULL)
+            except OSError as e:
+                spec.proc = _Failed(127 if isinstance(e, FileNotFoundError) else 126, e)
+                continue
+            if spec.remote:
+                # A thread: ssh may not read before it connected, and a large
+                # environment must not block the supervision loop meanwhile.
+                data = json.dumps(remote_environment(full)).encode() + b"\n"
+                threading.Thread(target=_feed, args=(spec.proc.stdin, data),
+                                 daemon=True).start()
+
+    def started(self):
+        return any(spec.proc is not None for spec in self.specs)
+
+    def running(self):
+        return any(spec.proc is not None and spec.proc.poll() is None for spec in self.specs)
+
+    def roots(self):
+        return [spec.proc.pid for spec in self.specs
+                if spec.proc is not None and spec.proc.poll() is None]
+
+    def stop_unstarted(self, ranks):
+        for spec in self.specs:
+            if spec.rank in ranks and spec.proc is not None and spec.proc.poll() is None:
+                _signal(spec.proc.pid, signal.SIGTERM, group=True)
+
+    def kill(self):
+        for pid in self.roots():
+            _signal(pid, signal.SIGKILL, group=True)
+            _signal(pid, signal.SIGKILL)
+
+    def wait(self):
+        for spec in self.specs:
+            if spec.proc is not None:
+                spec.proc.wait()
+
+    def ended_without_rank(self):
+        """[(rank, code, what)] for each process that ended since the last
+        call (each is reported once); the supervisor decides whether its rank
+        had already told how it ended."""
+        ended = []
+        for spec in self.specs:
+            if spec.proc is not None and not spec.reported and spec.proc.poll() is not None:
+                spec.reported = True
+                ended.append((spec.rank, spec.proc.returncode, spec.what))
+        return ended
+
+    def failure(self, not_started):
+        return None  # every process is one rank's, judged as that rank
+
+
+def _feed(pipe, data):
+    try:
+        pipe.write(data)
+        pipe.close()
+    except OSError:
+        pass  # the process ended already; its exit code tells why
+
+
+class _Failed:
+    """Stands in for a process that could not be started."""
+
+    def __init__(self, code, error):
+        self.returncode, self.error, self.pid = code, error, None
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self):
+        return self.returncode
+
+
 class Supervisor:
-    """Runs one mpiexec job and turns what the wrappers report into an exit code."""
+    """Runs one job in a launch mode and turns what the wrappers report into
+    an exit code."""
 
     def __init__(self, num_proc, *, bind_host="127.0.0.1", advertise_host="127.0.0.1",
                  start_timeout=30.0, timeout=None, verbose=False, show_hosts=False,
@@ -163,7 +359,7 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.connections = []
-        self.proc = None
+        self.job = None            # the launch mode, once run() started it
         self.outcome = None        # (exit code, message) of what ended the job
         self.stop_deadline = None  # when the hard kill happens
         self.killed = False
@@ -206,21 +402,22 @@ class Supervisor:
 
     # -- the job's processes on this host ----------------------------------
     def _local_processes(self):
-        """Pids of the job's processes on this host: everything under
-        mpiexec, and every member of a running rank's process group (a
-        process the rank's command started stays in it after its parent
-        died)."""
+        """Pids of the job's processes on this host: everything the launch
+        mode started and everything under it, and every member of a running
+        rank's process group (a process the rank's command started stays in
+        it after its parent died)."""
         groups = {s.pid for s in self.ranks.values()
                   if s.pid is not None and s.code is None and s.host == self.hostname}
         table = _process_table()
-        pids = set(_descendants([self.proc.pid], table))
+        roots = self.job.roots()
+        pids = set(roots) | set(_descendants(roots, table))
         pids.update(pid for pid, (_, pgrp) in table.items() if pgrp in groups)
         return pids
 
     def _note_shm(self):
         """Notes the MPI shared-memory files the job's processes here map now."""
         self.next_shm_scan = time.monotonic() + _SHM_SCAN_SECONDS
-        if self.proc is not None:
+        if self.job is not None and self.job.started():
             self.shm_paths |= shm_cleanup.mapped_segments(self._local_processes())
 
     # -- wrapper messages --------------------------------------------------
@@ -332,7 +529,7 @@ class Supervisor:
             self._say(message)
         if self.stop_deadline is not None:
             return
-        if delay > 0 and self.proc.poll() is None:
+        if delay > 0 and self.job.running():
             if self.deferred_stop is None:
                 self.deferred_stop = time.monotonic() + delay
             return
@@ -342,12 +539,12 @@ class Supervisor:
         for conn in list(self.connections):
             if conn.rank is not None:
                 self._send_stop(conn)
-        if self._not_started() and self.proc.poll() is None:
-            # Ranks without a connection cannot be told; hydra passes SIGTERM on.
-            self.proc.send_signal(signal.SIGTERM)
+        if self._not_started():
+            self.job.stop_unstarted(self._not_started())
 
     def _kill_everything(self):
-        """SIGKILLs mpiexec and every process under it, and this host's ranks."""
+        """SIGKILLs every process the launch mode started and every process
+        under them, and this host's ranks."""
         if self.killed:
             return
         self.killed = True
@@ -355,7 +552,7 @@ class Supervisor:
             self._say(f"ranks {format_ranks(self._running() + self._not_started())} did not "
                       f"stop within {self.grace + _KILL_MARGIN:g} s; killing them")
         self._note_shm()
-        victims = _descendants([self.proc.pid])
+        victims = _descendants(self.job.roots())
         for rank in self._running():
             state = self.ranks[rank]
             if state.host == self.hostname:
@@ -365,11 +562,9 @@ class Supervisor:
                     os.killpg(state.pid, signal.SIGKILL)
                 except OSError:
                     pass
-        for pid in [self.proc.pid] + victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        self.job.kill()
+        for pid in victims:
+            _signal(pid, signal.SIGKILL)
 
     def _on_signal(self, signum, _frame):
         self.signals.append(signum)
@@ -398,26 +593,30 @@ class Supervisor:
             self._kill_everything()
 
     # -- main loop -----------------------------------------------------------
-    def run(self, cmd, env=None):
-        """Runs ``cmd`` (an mpiexec command line) and returns tfringrun's exit code.
+    def run(self, job, env=None):
+        """Starts the job and supervises it; returns tfringrun's exit code.
 
-        ``env`` is mpiexec's environment (default: this process's); the job
-        token is added to it, and hydra passes it on to every rank.
+        Args:
+            job: the launch mode (:class:`MpiexecLaunch` or
+                :class:`RankProcessesLaunch`); a list is an mpiexec command line.
+            env: the job's environment (default: this process's); the job
+                token is added to it.
         """
+        self.job = MpiexecLaunch(job) if isinstance(job, (list, tuple)) else job
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         env = dict(os.environ if env is None else env, **{wire.TOKEN_ENV: self.token})
         try:
-            self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+            self.job.start(env)
             return self._supervise()
         finally:
             # Every way out, an exception included, ends the job and cleans
             # up after it; signals meanwhile are only noted.
             try:
-                if self.proc is not None and self.proc.poll() is None:
+                if self.job.running():
                     self._kill_everything()
-                    self.proc.wait()
-                if self.proc is not None:
+                self.job.wait()
+                if self.job.started():
                     self.shm_removed, self.shm_left = shm_cleanup.remove_leftovers(
                         self.shm_paths, wait=self.grace + _KILL_MARGIN)
             finally:
@@ -430,26 +629,52 @@ class Supervisor:
 
     def _supervise(self):
         started_at = time.monotonic()
-        while self.proc.poll() is None:
+        unexplained = []  # (when, rank, code, what): launch processes that ended
+        while self.job.running():
             self._on_exits(self._poll_wrappers(_POLL_SECONDS))
+            unexplained = self._check_launch_ends(unexplained)
             self._check_deadlines(started_at)
             if self._running() and time.monotonic() >= self.next_shm_scan:
                 self._note_shm()
-        mpiexec_code = self.proc.returncode
-        # A wrapper's last message can still be in flight when mpiexec exits.
+        # A wrapper's last message can still be in flight when the last
+        # launch process exits.
         drain_until = time.monotonic() + _DRAIN_SECONDS
         while self.connections and time.monotonic() < drain_until:
             self._on_exits(self._poll_wrappers(_POLL_SECONDS))
+        self._check_launch_ends(unexplained, final=True)
         if self.outcome is not None or self.verbose:
             self._report_unended()
         if self.outcome is not None:
             return self.outcome[0]
-        if mpiexec_code != 0:
-            missing = self._not_started()
-            detail = f" before ranks {format_ranks(missing)} started" if missing else ""
-            self._say(f"mpiexec exited with code {mpiexec_code}{detail}.")
-            return mpiexec_code if mpiexec_code > 0 else 128 - mpiexec_code
+        failure = self.job.failure(self._not_started())
+        if failure is not None:
+            self._say(failure[1])
+            return failure[0]
         return 0
+
+    def _check_launch_ends(self, pending, final=False):
+        """Judges the launch processes that ended (one per rank in
+        :class:`RankProcessesLaunch`): one whose rank never said hello
+        failed to start it (ssh could not connect, the wrapper could not
+        reach tfringrun), and that fails the job. A wrapper's own messages
+        may trail its exit, so each waits `_DRAIN_SECONDS` (or the end of
+        the job) before it is judged. Returns the ones still waiting."""
+        now = time.monotonic()
+        pending = pending + [(now, *e) for e in self.job.ended_without_rank()]
+        waiting = []
+        for when, rank, code, what in pending:
+            if not final and now - when < _DRAIN_SECONDS:
+                waiting.append((when, rank, code, what))
+                continue
+            state = self.ranks[rank]
+            if state.pid is not None or state.code is not None:
+                continue  # it started: its own report (or its silence) counts
+            state.code = code if code != 0 else 1
+            words, shell_code = describe_exit(code)
+            self._stop(shell_code if code != 0 else 1,
+                       f"{self._rank_name(rank)} did not start: {what} {words}; "
+                       + ("stopping the job." if self.job.running() else "the job has ended."))
+        return waiting
 
     def _report_unended(self):
         """Names the ranks whose end nobody reported, so that none is missing."""
@@ -472,6 +697,6 @@ class Supervisor:
             return
         rank, code = failure
         what, shell_code = describe_exit(code)
-        ending = "stopping the job." if self.proc.poll() is None else "the job has ended."
+        ending = "stopping the job." if self.job.running() else "the job has ended."
         self._stop(shell_code, f"{self._rank_name(rank)} {what}; {ending}",
                    delay=self.failure_grace)
