@@ -149,7 +149,7 @@ def cross_host(np_, timeout):
         env = {"PATH": tmp + os.pathsep + os.environ["PATH"], "TFRING_CPU_OPERATIONS": "ring",
                "TFRING_CROSS_HOST_MIN_BYTES": "0"}
         extra = ["-H", ",".join(f"{n}:1" for n in names), "--network-interfaces",
-                 hosts.bridge]
+                 hosts.interfaces()]
         data = launch(np_, "tcp", ["64 MB"], timeout, extra=extra, env=env, idle_seconds=0.5)
         raw, tool = raw_stream_bandwidth(hosts, names[0], names[1])
     t = data["rows"]["64 MB"]

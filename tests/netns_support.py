@@ -81,6 +81,16 @@ class FakeHosts:
         """The fake host's own address."""
         return self._addr[name]
 
+    def interface(self, name):
+        """The name of fake host `name`'s network interface (inside it)."""
+        return self._veth[name] + "n"
+
+    def interfaces(self):
+        """For --network-interfaces: the bridge (where the launcher and its
+        store listen) and every fake host's own interface, so that each
+        host finds the one it has."""
+        return ",".join([self.bridge] + [self.interface(n) for n in self.names])
+
     def namespace(self, name):
         return self._ns[name]
 

@@ -34,7 +34,7 @@ def _start(hosts, names, scenario, tmp_path, extra_env=None):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                TFRING_HEARTBEAT_SECONDS="1", **(extra_env or {}))
     cmd = [sys.executable, "-m", "tfring.runner.launch", "--tcp", "-np", str(len(names)),
-           "-H", ",".join(f"{n}:1" for n in names), "--network-interfaces", hosts.bridge,
+           "-H", ",".join(f"{n}:1" for n in names), "--network-interfaces", hosts.interfaces(),
            "--timeout", "120", sys.executable, WORKER, scenario, str(tmp_path)]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
