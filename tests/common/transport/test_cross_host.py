@@ -44,10 +44,23 @@ def _results(output):
     return [text.split(None, 2) for _, text in rank_lines(output) if text.startswith("RESULT")]
 
 
-def _no_rank_left(tmp_path):
-    for path in glob.glob(str(tmp_path / "pid.*")):
-        pid = int(open(path).read())
-        assert not os.path.exists(f"/proc/{pid}"), f"rank process {pid} outlived the job"
+def _running(pid):
+    """True while `pid` exists and is not a zombie (an ended process whose
+    new parent, init here, has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _no_rank_left(tmp_path, seconds=5.0):
+    pids = [int(open(p).read()) for p in glob.glob(str(tmp_path / "pid.*"))]
+    deadline = time.time() + seconds
+    while any(map(_running, pids)) and time.time() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if _running(p)]
+    assert not left, f"rank processes {left} outlived the job"
 
 
 @pytest.mark.parametrize("np_", [2, 3])
