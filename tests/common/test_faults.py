@@ -277,8 +277,8 @@ def test_dead_rank_is_named_quickly_and_the_job_ends(jobs, job, controller):
         # MPI does not notice; the peer monitor does (from the victim's pid).
         named, cause = f"rank {victim} (pid {victim_pid} on ", "has exited or was killed"
     else:
-        # TCP notices the victim's connection closing, before the monitor looks.
-        named, cause = f"rank {victim} (host ", "closed its connection"
+        # TCP notices the victim's connection ending, before the monitor looks.
+        named, cause = f"rank {victim} (host ", re.compile(r"(closed|reset) its connection")
     for rank in survivors:
         got = results.get(rank, {})
         assert "DETECTED" in got, f"rank {rank} reported no error\n{job.describe()}"
@@ -286,8 +286,10 @@ def test_dead_rank_is_named_quickly_and_the_job_ends(jobs, job, controller):
         print(f"\n[detection] {job.name} ({controller}): rank {rank} got the error {float(seconds):.3f} s after "
               f"rank {victim} died ({how})")
         assert named in message, job.describe()
-        if cause:
+        if isinstance(cause, str):
             assert cause in message, job.describe()
+        elif cause:
+            assert cause.search(message), job.describe()
         assert float(seconds) < DETECTION_BOUND_S, job.describe()
         # Later collectives fail at once with the same news.
         later_seconds, later = got["LATER"].split(" ", 1)
@@ -328,6 +330,10 @@ def test_survivor_that_exits_at_once_is_not_blamed(jobs, job, controller):
 @pytest.mark.parametrize("job", ["kill-np2", "exit-np2", "raise-np2", "kill-np3-rank2",
                                  "kill-np3-rank0", "ctrl-c", "shutdown-pending", "stall-shutdown",
                                  "sigterm-stall-np3", "sigterm-stall-np3-shell"])
+# Only MPICH leaves named segments behind: tfring's own shared-memory plane
+# unlinks each segment as soon as every rank has mapped it, so under TCP no
+# rank has a named /dev/shm file mapped that could be left.
+@pytest.mark.parametrize("controller", ["mpi"])
 def test_no_shared_memory_segment_is_left(jobs, job, controller):
     # MPICH unlinks its segments in MPI_Finalize, which ranks killed by a
     # signal, and survivors of a dead peer, never run: tfringrun removes them.
