@@ -1,0 +1,574 @@
+// Tests of the TCP communicator (transport/tcp/tcp_communicator.*), built and
+// run under ASan/UBSan by tests/common/transport/test_tcp_communicator.py.
+//   tcp_comm_test                 in-process tests: worlds of 2 and 3 ranks on
+//                                 threads over real loopback sockets (there is
+//                                 no global state, so several worlds, one
+//                                 after another, live in one process)
+//   tcp_comm_test rank R N DIR SCENARIO [HEARTBEAT_S]
+//                                 one rank of a multi-process job: publishes
+//                                 its listener in DIR/addr.R, reads the others'
+//                                 (secret from TFRING_SECRET), runs SCENARIO:
+//     exchange   point-to-point and the collectives; prints "RESULT ok"
+//     ring       exchanges 1 MiB around a ring until the world fails; prints
+//                "READY" once connected and "ABORTED <message>" at the end
+//     serve      ranks > 0 wait for DIR/go before connecting; then prints
+//                "READY", keeps exchanging until DIR/stop exists,
+//                checks every message, prints "RESULT ok"
+//     pingpong   ranks 0 and 1 bounce 4 KB; prints "PINGPONG <us per round trip>"
+//     bandwidth  ranks 0 and 1 swap 64 MiB ten times; prints "BANDWIDTH <GB/s>"
+//     idle       sits idle 5 s; prints "IDLECPU <CPU s per s>"
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../transport/tcp/peer_frame.h"
+#include "../transport/tcp/socket.h"
+#include "../transport/tcp/tcp_communicator.h"
+#include "../transport/tcp/wire.h"
+#include "check.h"
+
+using namespace tfring;
+using namespace tfring::tcp;
+
+namespace {
+
+const std::string kSecret = "0123456789abcdef0123456789abcdef";
+
+std::string Pattern(size_t n, int seed) {
+  std::string s(n, '\0');
+  uint32_t x = 2166136261u ^ uint32_t(seed * 7919 + int(n));
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    s[i] = char(x >> 24);
+  }
+  return s;
+}
+
+Status SendRecv(Communicator& c, const std::string& out, int to, std::string* in, int from,
+                int tag) {
+  std::vector<CommRequestPtr> reqs(2);
+  TFRING_RETURN_IF_ERROR(c.Irecv(&(*in)[0], int64_t(in->size()), from, tag, &reqs[0]));
+  TFRING_RETURN_IF_ERROR(c.Isend(out.data(), int64_t(out.size()), to, tag, &reqs[1]));
+  return c.WaitAll(&reqs, "test exchange", true);
+}
+
+Status Send(Communicator& c, const std::string& out, int to, int tag) {
+  CommRequestPtr r;
+  TFRING_RETURN_IF_ERROR(c.Isend(out.data(), int64_t(out.size()), to, tag, &r));
+  return c.Wait(r.get(), "test send", false);
+}
+
+Status Recv(Communicator& c, std::string* in, int from, int tag) {
+  CommRequestPtr r;
+  TFRING_RETURN_IF_ERROR(c.Irecv(&(*in)[0], int64_t(in->size()), from, tag, &r));
+  return c.Wait(r.get(), "test receive", false);
+}
+
+void Sleep(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+// ---------------------------------------------------------------------------
+// Scenarios: each runs on every rank of a world.
+
+void P2PSizes(Communicator& c) {
+  const int n = c.size(), r = c.rank();
+  const size_t sizes[] = {0, 1, 7, 4096, 65535, 65536, 1 << 20, (17u << 20) + 3};
+  for (size_t sz : sizes) {
+    std::string out = Pattern(sz, r), in(sz, 'x');
+    Status s = SendRecv(c, out, (r + 1) % n, &in, (r + n - 1) % n, 11);
+    CHECK(s.ok());
+    CHECK(in == Pattern(sz, (r + n - 1) % n));
+  }
+}
+
+void FifoAndUnexpected(Communicator& c) {
+  if (c.size() < 2 || c.rank() > 1) return;
+  const int kMsgs = 40;
+  if (c.rank() == 0) {
+    std::vector<std::string> bufs;
+    for (int i = 0; i < kMsgs; ++i) bufs.push_back(Pattern(100 + 997 * i, i));
+    std::vector<CommRequestPtr> reqs(kMsgs);
+    for (int i = 0; i < kMsgs; ++i) {
+      CHECK(c.Isend(bufs[i].data(), int64_t(bufs[i].size()), 1, 5, &reqs[i]).ok());
+    }
+    CHECK(c.WaitAll(&reqs, "fifo", false).ok());
+    // Interleaved tags: A(1) B(2) C(1); a large unexpected one (tag 3)
+    // arrives while nothing is posted for it.
+    CHECK(Send(c, "A", 1, 1).ok());
+    CHECK(Send(c, "B", 1, 2).ok());
+    CHECK(Send(c, "C", 1, 1).ok());
+    std::string big = Pattern(20u << 20, 3);
+    CHECK(Send(c, big, 1, 3).ok());
+    // A size mismatch: 100 bytes against a posted 50.
+    CHECK(Send(c, std::string(100, 'm'), 1, 9).ok());
+    CHECK(Send(c, "after", 1, 9).ok());
+  } else {
+    Sleep(0.3);  // everything above is unexpected by now (or arriving)
+    for (int i = 0; i < kMsgs; ++i) {
+      std::string in(100 + 997 * i, 'x');
+      CHECK(Recv(c, &in, 0, 5).ok());
+      CHECK(in == Pattern(100 + 997 * i, i));
+    }
+    std::string one(1, 'x');
+    CHECK(Recv(c, &one, 0, 2).ok() && one == "B");
+    CHECK(Recv(c, &one, 0, 1).ok() && one == "A");
+    CHECK(Recv(c, &one, 0, 1).ok() && one == "C");
+    std::string big(20u << 20, 'x');
+    CHECK(Recv(c, &big, 0, 3).ok());
+    CHECK(big == Pattern(20u << 20, 3));
+    std::string half(50, 'x');
+    Status s = Recv(c, &half, 0, 9);
+    CHECK(!s.ok() && Contains(s.message(), "100 bytes") && Contains(s.message(), "50 bytes"));
+    CHECK(Contains(s.message(), "rank 0") && Contains(s.message(), "tag 9"));
+    std::string after(5, 'x');
+    CHECK(Recv(c, &after, 0, 9).ok() && after == "after");
+  }
+}
+
+void CancelledReceive(Communicator& c) {
+  if (c.size() < 2 || c.rank() > 1) return;
+  if (c.rank() == 1) {
+    std::string lost(4, 'x');
+    CommRequestPtr r;
+    CHECK(c.Irecv(&lost[0], 4, 0, 21, &r).ok());
+    c.Cancel(&r);
+    CHECK(r == nullptr);
+    CHECK(Send(c, "go", 0, 22).ok());
+    std::string in(4, 'x');
+    CHECK(Recv(c, &in, 0, 21).ok() && in == "msg1");
+    CHECK(lost == "xxxx");  // the cancelled receive took nothing
+  } else {
+    std::string go(2, 'x');
+    CHECK(Recv(c, &go, 1, 22).ok());
+    CHECK(Send(c, "msg1", 1, 21).ok());
+  }
+}
+
+void SelfAndBadArgs(Communicator& c) {
+  std::string in(3, 'x');
+  CommRequestPtr rr, sr;
+  CHECK(c.Isend("abc", 3, c.rank(), 4, &sr).ok());
+  CHECK(c.Irecv(&in[0], 3, c.rank(), 4, &rr).ok());
+  CHECK(c.Wait(sr.get(), "self", false).ok() && c.Wait(rr.get(), "self", false).ok());
+  CHECK(in == "abc");
+  CommRequestPtr bad;
+  Status s = c.Isend("a", 1, c.size(), 0, &bad);
+  CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "rank"));
+  s = c.Irecv(&in[0], 1, 0, -3, &bad);
+  CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "tag"));
+  CHECK(c.max_tag() >= 32767);
+  CHECK(std::string(c.transport()) == "TCP");
+}
+
+void Collectives(Communicator& c) {
+  const int n = c.size(), r = c.rank();
+  std::vector<std::string> all;
+  std::string mine = r == 1 ? std::string() : Pattern(10 + 1000 * r, r);
+  CHECK(GatherBytes(c, mine, &all).ok());
+  if (r == 0) {
+    CHECK(int(all.size()) == n);
+    for (int i = 0; i < n && int(all.size()) == n; ++i) {
+      CHECK(all[i] == (i == 1 ? std::string() : Pattern(10 + 1000 * i, i)));
+    }
+  }
+  std::string b = r == 0 ? Pattern(300000, 42) : std::string("stale");
+  CHECK(BroadcastBytes(c, &b).ok());
+  CHECK(b == Pattern(300000, 42));
+  std::vector<uint64_t> words = {~uint64_t(0), ~(uint64_t(1) << r), uint64_t(0xff) << r};
+  CHECK(AllreduceBitsAnd(c, &words).ok());
+  uint64_t expect1 = ~uint64_t(0), expect2 = ~uint64_t(0);
+  for (int i = 0; i < n; ++i) {
+    expect1 &= ~(uint64_t(1) << i);
+    expect2 &= uint64_t(0xff) << i;
+  }
+  CHECK(words[0] == ~uint64_t(0) && words[1] == expect1 && words[2] == expect2);
+  bool all_ok = true;
+  CHECK(AgreeAll(c, r != n - 1, &all_ok).ok());
+  CHECK(!all_ok);
+  CHECK(AgreeAll(c, true, &all_ok).ok());
+  CHECK(all_ok);
+  CHECK(BarrierP2P(c).ok());
+}
+
+void SplitAndDup(Communicator& c) {
+  const int n = c.size(), r = c.rank();
+  // Ranks 0 and 2 (and 4...) form one group in reverse order; odd ranks
+  // another, except rank 1 of a 3-rank world, which opts out.
+  int color = r % 2;
+  if (n == 3 && r == 1) color = -1;
+  std::shared_ptr<Communicator> sub;
+  CHECK(c.Split(color, -r, &sub).ok());
+  if (color < 0) {
+    CHECK(sub == nullptr);
+  } else if (sub) {
+    int members = 0;
+    for (int i = 0; i < n; ++i) members += (i % 2 == color && !(n == 3 && i == 1)) ? 1 : 0;
+    CHECK(sub->size() == members);
+    int higher = 0;  // key -rank: higher world ranks come first
+    for (int i = r + 1; i < n; ++i) higher += (i % 2 == color) ? 1 : 0;
+    CHECK(sub->rank() == higher);
+    // The same tag on the sub-communicator and the world never cross.
+    if (sub->size() > 1) {
+      int m = sub->size(), me = sub->rank();
+      std::string in(16, 'x');
+      CHECK(SendRecv(*sub, Pattern(16, 100 + r), (me + 1) % m, &in, (me + m - 1) % m, 11).ok());
+      Collectives(*sub);
+    }
+  }
+  // Dup: rank 0 sends on the dup first, then the world; rank 1 receives the
+  // world's first and must get the world's message.
+  std::shared_ptr<Communicator> dup;
+  CHECK(c.Dup(&dup).ok());
+  CHECK(dup && dup->size() == n && dup->rank() == r);
+  if (dup && r == 0) {
+    CHECK(Send(*dup, "dup!", 1, 7).ok());
+    CHECK(Send(c, "wld!", 1, 7).ok());
+  } else if (dup && r == 1) {
+    Sleep(0.1);
+    std::string in(4, 'x');
+    CHECK(Recv(c, &in, 0, 7).ok() && in == "wld!");
+    CHECK(Recv(*dup, &in, 0, 7).ok() && in == "dup!");
+  }
+  if (dup) CHECK(BarrierP2P(*dup).ok());
+  // Splits of splits agree on their contexts too.
+  std::shared_ptr<Communicator> all1, all2;
+  CHECK(c.Split(0, r, &all1).ok() && all1);
+  if (all1) {
+    CHECK(all1->Split(0, r, &all2).ok() && all2);
+    if (all2) Collectives(*all2);
+  }
+}
+
+void Exchange(Communicator& c) {
+  P2PSizes(c);
+  FifoAndUnexpected(c);
+  CancelledReceive(c);
+  SelfAndBadArgs(c);
+  Collectives(c);
+  SplitAndDup(c);
+  CHECK(BarrierP2P(c).ok());
+}
+
+// ---------------------------------------------------------------------------
+// In-process worlds: one thread per rank.
+
+void RunThreads(int n, const TcpOptions& options,
+                const std::function<void(int, std::shared_ptr<Communicator>&)>& body) {
+  std::vector<std::unique_ptr<TcpListener>> listeners(n);
+  std::vector<TcpPeer> peers(n);
+  for (int i = 0; i < n; ++i) {
+    Status s = TcpListener::Open("127.0.0.1", 0, &listeners[i]);
+    CHECK(s.ok());
+    if (!s.ok()) return;
+    peers[i].addr = listeners[i]->address();
+    peers[i].host = "thread-host-" + std::to_string(i);
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      std::shared_ptr<Communicator> world;
+      Status s = ConnectTcpWorld(i, peers, std::move(listeners[i]), options, &world);
+      CHECK(s.ok());
+      if (!s.ok()) {
+        std::fprintf(stderr, "connect: %s\n", s.message().c_str());
+        return;
+      }
+      body(i, world);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+void TestInProcess() {
+  TcpOptions options;
+  options.secret = kSecret;
+  options.connect_timeout = 60;
+  for (int n : {2, 3}) {
+    RunThreads(n, options, [](int, std::shared_ptr<Communicator>& w) { Exchange(*w); });
+  }
+  // A second and third world in the same process (elastic re-forms the job
+  // this way): nothing global survives a world.
+  for (int round = 0; round < 2; ++round) {
+    RunThreads(3, options, [](int, std::shared_ptr<Communicator>& w) { Collectives(*w); });
+  }
+  // Orderly close: rank 0 sends, then leaves; rank 1 still gets the message,
+  // sees no error while it has nothing pending, and a later send to rank 0
+  // fails naming it.
+  RunThreads(2, options, [](int r, std::shared_ptr<Communicator>& w) {
+    if (r == 0) {
+      CHECK(Send(*w, "last", 1, 3).ok());
+      w.reset();
+      return;
+    }
+    Sleep(0.5);
+    std::string in(4, 'x');
+    CHECK(Recv(*w, &in, 0, 3).ok() && in == "last");
+    CommRequestPtr req;
+    CHECK(w->Isend("x", 1, 0, 3, &req).ok());
+    bool done = false;
+    Status s = w->Test(req.get(), &done);
+    CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank 0 (host thread-host-0)") &&
+          Contains(s.message(), "closed its connection"));
+  });
+  // A peer that leaves in order while this rank waits for it fails the
+  // world: the wait ends with ABORTED naming it, not a hang.
+  RunThreads(2, options, [](int r, std::shared_ptr<Communicator>& w) {
+    if (r == 0) {
+      std::string ready(1, 'x');
+      CHECK(Recv(*w, &ready, 1, 5).ok());
+      w.reset();
+      return;
+    }
+    std::string never(8, 'x');
+    CommRequestPtr req;
+    CHECK(w->Irecv(&never[0], 8, 0, 6, &req).ok());
+    CHECK(Send(*w, "r", 0, 5).ok());
+    Status s = w->Wait(req.get(), "a message rank 0 never sends", false);
+    CHECK(s.code() == StatusCode::ABORTED &&
+          Contains(s.message(), "tfring stopped: rank 0 (host thread-host-0) closed its "
+                                "connection in the middle of an exchange") &&
+          Contains(s.message(), "while waiting for a message rank 0 never sends"));
+    CHECK(never == std::string(8, 'x'));
+  });
+  // A world of one rank works (self messages, collectives).
+  RunThreads(1, options, [](int, std::shared_ptr<Communicator>& w) {
+    SelfAndBadArgs(*w);
+    Collectives(*w);
+  });
+  // Bad arguments name the problem.
+  std::unique_ptr<TcpListener> l;
+  CHECK(TcpListener::Open("127.0.0.1", 0, &l).ok());
+  std::shared_ptr<Communicator> w;
+  TcpOptions weak;
+  weak.secret = "short";
+  Status s = ConnectTcpWorld(0, {{l ? l->address() : "", "h"}}, std::move(l), weak, &w);
+  CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "secret"));
+  s = TcpListener::Open("127.0.0.1", 70000, &l);
+  CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "70000"));
+  // A rank whose peer never comes fails after connect_timeout naming it.
+  TcpOptions quick = options;
+  quick.connect_timeout = 1;
+  CHECK(TcpListener::Open("127.0.0.1", 0, &l).ok());
+  std::vector<TcpPeer> two = {{l->address(), "h0"}, {"127.0.0.1:1", "h1"}};
+  s = ConnectTcpWorld(0, two, std::move(l), quick, &w);
+  CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank(s) 1"));
+  // And a rank that cannot reach a lower one names it, its host and address.
+  CHECK(TcpListener::Open("127.0.0.1", 0, &l).ok());
+  two = {{"127.0.0.1:1", "h0"}, {l->address(), "h1"}};
+  s = ConnectTcpWorld(1, two, std::move(l), quick, &w);
+  CHECK(s.code() == StatusCode::ABORTED &&
+        Contains(s.message(), "could not connect to rank 0 (host h0, 127.0.0.1:1)"));
+  CHECK(w == nullptr);
+}
+
+void TestHeaderParser() {
+  uint8_t b[kPeerHeaderBytes];
+  PeerHeader h, g;
+  h.kind = PeerFrameKind::DATA;
+  h.tag = -1;
+  h.context = 0x0123456789abcdefull;
+  h.length = (uint64_t(1) << 40);
+  EncodePeerHeader(h, b);
+  CHECK(ParsePeerHeader(b, &g).ok());
+  CHECK(g.kind == h.kind && g.tag == -1 && g.context == h.context && g.length == h.length);
+  b[23] = 1;  // above the limit
+  CHECK(ParsePeerHeader(b, &g).cause() == WireCause::PROTOCOL_ERROR);
+  EncodePeerHeader(h, b);
+  b[0] = 9;
+  CHECK(Contains(ParsePeerHeader(b, &g).message(), "unknown frame kind 9"));
+  EncodePeerHeader(h, b);
+  b[2] = 1;
+  CHECK(!ParsePeerHeader(b, &g).ok());
+  h.kind = PeerFrameKind::HEARTBEAT;
+  h.length = 5;
+  EncodePeerHeader(h, b);
+  CHECK(Contains(ParsePeerHeader(b, &g).message(), "payload"));
+  Hello hello;
+  hello.client_rank = 2;
+  hello.server_rank = 1;
+  hello.size = 3;
+  FrameParser p(kMaxHandshakeFrame);
+  std::string f = EncodeHello(hello) + EncodeHelloOk(1);
+  p.Feed(reinterpret_cast<const uint8_t*>(f.data()), f.size());
+  Frame fr;
+  bool have = false;
+  Hello back;
+  uint32_t rank = 0;
+  CHECK(p.Next(&fr, &have).ok() && have && ParseHello(fr, &back).ok());
+  CHECK(back.client_rank == 2 && back.server_rank == 1 && back.size == 3);
+  CHECK(p.Next(&fr, &have).ok() && have && ParseHelloOk(fr, &rank).ok() && rank == 1);
+}
+
+// ---------------------------------------------------------------------------
+// One rank of a multi-process job.
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream f(path);
+  if (!f) return false;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+int RankMain(int rank, int n, const std::string& dir, const std::string& scenario, double hb) {
+  std::string secret;
+  const char* hex = std::getenv("TFRING_SECRET");
+  WireStatus ws = DecodeSecretHex(hex ? hex : "", &secret);
+  if (!ws.ok()) {
+    std::printf("ERROR %s\n", ws.message().c_str());
+    return 2;
+  }
+  std::unique_ptr<TcpListener> l;
+  Status s = TcpListener::Open("127.0.0.1", 0, &l);
+  if (!s.ok()) {
+    std::printf("ERROR %s\n", s.message().c_str());
+    return 2;
+  }
+  {
+    std::string tmp = dir + "/.addr." + std::to_string(rank);
+    std::ofstream(tmp) << l->address();
+    std::rename(tmp.c_str(), (dir + "/addr." + std::to_string(rank)).c_str());
+  }
+  std::vector<TcpPeer> peers(n);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int i = 0; i < n; ++i) {
+    while (!ReadFile(dir + "/addr." + std::to_string(i), &peers[i].addr)) {
+      if (std::chrono::steady_clock::now() > until) {
+        std::printf("ERROR no address from rank %d\n", i);
+        return 2;
+      }
+      Sleep(0.02);
+    }
+    peers[i].host = "proc-host-" + std::to_string(i);
+  }
+  // "serve": the other ranks hold back until DIR/go exists, so the test
+  // knows rank 0 is in the middle of start-up while strangers knock.
+  std::string go;
+  while (scenario == "serve" && rank > 0 && !ReadFile(dir + "/go", &go)) {
+    if (std::chrono::steady_clock::now() > until) {
+      std::printf("ERROR no go\n");
+      return 2;
+    }
+    Sleep(0.02);
+  }
+  TcpOptions options;
+  options.secret = secret;
+  options.heartbeat_seconds = hb;
+  options.connect_timeout = 60;
+  std::shared_ptr<Communicator> world;
+  s = ConnectTcpWorld(rank, peers, std::move(l), options, &world);
+  if (!s.ok()) {
+    std::printf("ERROR %s\n", s.message().c_str());
+    return 2;
+  }
+  std::printf("READY\n");
+  std::fflush(stdout);
+  if (scenario == "exchange") {
+    Exchange(*world);
+  } else if (scenario == "ring") {
+    const size_t kBytes = 1 << 20;
+    std::string out = Pattern(kBytes, rank), in(kBytes, 'x');
+    for (int i = 0;; ++i) {
+      s = SendRecv(*world, out, (rank + 1) % n, &in, (rank + n - 1) % n, 1);
+      if (!s.ok()) break;
+    }
+    std::printf("ABORTED %s\n", s.message().c_str());
+    std::fflush(stdout);
+    CHECK(s.code() == StatusCode::ABORTED);
+  } else if (scenario == "serve") {
+    std::string stop;
+    for (int i = 0; !ReadFile(dir + "/stop", &stop); ++i) {
+      std::vector<uint64_t> words = {uint64_t(i)};
+      CHECK(AllreduceBitsAnd(*world, &words).ok());
+      CHECK(words[0] == uint64_t(i));
+      std::string b = rank == 0 ? Pattern(5000, i) : std::string();
+      CHECK(BroadcastBytes(*world, &b).ok());
+      CHECK(b == Pattern(5000, i));
+      Sleep(0.02);
+    }
+    CHECK(BarrierP2P(*world).ok());
+  } else if (scenario == "pingpong") {
+    const int kIters = 5000;
+    std::string buf(4096, 'p');
+    CHECK(BarrierP2P(*world).ok());
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kIters && rank < 2; ++i) {
+      if (rank == 0) {
+        CommRequestPtr r;
+        CHECK(world->Isend(buf.data(), 4096, 1, 2, &r).ok());
+        CHECK(world->Wait(r.get(), "ping", true).ok());
+        CHECK(world->Irecv(&buf[0], 4096, 1, 2, &r).ok());
+        CHECK(world->Wait(r.get(), "pong", true).ok());
+      } else {
+        CommRequestPtr r;
+        CHECK(world->Irecv(&buf[0], 4096, 0, 2, &r).ok());
+        CHECK(world->Wait(r.get(), "ping", true).ok());
+        CHECK(world->Isend(buf.data(), 4096, 0, 2, &r).ok());
+        CHECK(world->Wait(r.get(), "pong", true).ok());
+      }
+    }
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                    .count() / kIters;
+    if (rank == 0) std::printf("PINGPONG %.1f\n", us);
+    CHECK(BarrierP2P(*world).ok());
+  } else if (scenario == "bandwidth") {
+    // Ranks 0 and 1 swap 64 MiB ten times, checking the last exchange.
+    const size_t kBytes = 64u << 20;
+    std::string out = Pattern(kBytes, rank), in(kBytes, 'x');
+    CHECK(BarrierP2P(*world).ok());
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10 && rank < 2; ++i) {
+      CHECK(SendRecv(*world, out, 1 - rank, &in, 1 - rank, 3).ok());
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank < 2) CHECK(in == Pattern(kBytes, 1 - rank));
+    if (rank == 0) std::printf("BANDWIDTH %.2f GB/s each way\n", 10 * kBytes / s / 1e9);
+    CHECK(BarrierP2P(*world).ok());
+  } else if (scenario == "idle") {
+    // An idle world: only the heartbeat thread runs. Prints the CPU seconds
+    // per second this process used meanwhile.
+    CHECK(BarrierP2P(*world).ok());
+    struct rusage a, b;
+    getrusage(RUSAGE_SELF, &a);
+    auto t0 = std::chrono::steady_clock::now();
+    Sleep(5.0);
+    getrusage(RUSAGE_SELF, &b);
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto secs = [](const struct timeval& t) { return double(t.tv_sec) + t.tv_usec * 1e-6; };
+    double cpu = secs(b.ru_utime) - secs(a.ru_utime) + secs(b.ru_stime) - secs(a.ru_stime);
+    std::printf("IDLECPU %.4f\n", cpu / wall);
+    CHECK(BarrierP2P(*world).ok());
+  } else {
+    std::printf("ERROR unknown scenario %s\n", scenario.c_str());
+    return 2;
+  }
+  world.reset();
+  if (g_failures == 0) std::printf("RESULT ok\n");
+  return CheckExitCode();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  signal(SIGPIPE, SIG_IGN);
+  if (argc >= 6 && std::string(argv[1]) == "rank") {
+    return RankMain(std::atoi(argv[2]), std::atoi(argv[3]), argv[4], argv[5],
+                    argc > 6 ? std::atof(argv[6]) : 1.0);
+  }
+  TestHeaderParser();
+  TestInProcess();
+  return CheckExitCode();
+}
