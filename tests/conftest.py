@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from support import tfringrun
+from support import CONTROLLERS, tfringrun
 
 collect_ignore_glob = [] if os.environ.get("TFRING_RANK_TESTS") == "1" else ["*/ranks/*"]
 
@@ -17,3 +17,9 @@ collect_ignore_glob = [] if os.environ.get("TFRING_RANK_TESTS") == "1" else ["*/
 def run_ranks():
     """tfringrun(np, args, timeout=..., env=..., extra=...) -> CompletedProcess."""
     return tfringrun
+
+
+@pytest.fixture(params=CONTROLLERS)
+def controller(request):
+    """Each controller (transport) in turn: "mpi", then "tcp"."""
+    return request.param

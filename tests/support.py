@@ -7,14 +7,21 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tfringrun(np_, args, timeout=300, env=None, extra=(), python=sys.executable):
+# The controllers (transports) every multi-rank suite runs under.
+CONTROLLERS = ["mpi", "tcp"]
+
+
+def tfringrun(np_, args, timeout=300, env=None, extra=(), python=sys.executable,
+              controller=None):
     """Runs `args` on `np_` ranks with tfringrun, killing the job after
     `timeout` seconds; returns the CompletedProcess (stdout+stderr merged).
     `python` is the interpreter that runs tfringrun (another environment's,
-    e.g. one with an older TensorFlow)."""
+    e.g. one with an older TensorFlow); `controller` "mpi" or "tcp" picks
+    the transport (tfringrun's default when None)."""
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     cmd = [python, "-m", "tfring.runner.launch", "-np", str(np_),
-           "--timeout", str(timeout), *extra, *args]
+           "--timeout", str(timeout), *([f"--{controller}"] if controller else []), *extra,
+           *args]
     return subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout + 60)
 
@@ -44,15 +51,18 @@ def run_python(code, timeout=120, env=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_rank_suite(np_, suite_dir, timeout=600, env=None, python=sys.executable, args=()):
-    """Runs a */ranks/ pytest suite on every rank (with `python`, and extra
-    pytest `args`) and fails with each rank's report if any rank failed."""
+def run_rank_suite(np_, suite_dir, timeout=600, env=None, python=sys.executable, args=(),
+                   controller=None):
+    """Runs a */ranks/ pytest suite on every rank (with `python`, extra
+    pytest `args`, under `controller`) and fails with each rank's report if
+    any rank failed."""
     env = dict(env or {}, TFRING_RANK_TESTS="1")
     result = tfringrun(np_, [python, "-m", "pytest", suite_dir, "-q", "-p",
                              "no:cacheprovider", *args],
-                       timeout=timeout, env=env, python=python)
+                       timeout=timeout, env=env, python=python, controller=controller)
     assert result.returncode == 0, (
-        f"{suite_dir} failed at np={np_} (exit {result.returncode}):\n{result.stdout[-20000:]}")
+        f"{suite_dir} failed at np={np_} under {controller or 'the default controller'} "
+        f"(exit {result.returncode}):\n{result.stdout[-20000:]}")
     return result.stdout
 
 

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "common/operations.h"
+#include "common/transport/tcp/tcp_backend.h"
 
 // Builds without MPI (TFRING_WITH_MPI=0, see tfring/build/library.py) leave
 // out common/mpi/ and the MPI data plane; every other build has them.
@@ -47,6 +48,14 @@ PYBIND11_MODULE(_tfring_ops, m) {
   });
   // Whether this library was built with MPI (the build's TFRING_WITH_MPI).
   m.def("mpi_built", []() { return TFRING_WITH_MPI != 0; });
+  m.def("init_tcp", []() {
+    tfring::Status s;
+    {
+      py::gil_scoped_release release;
+      s = tfring::InitializeTCP();
+    }
+    return StatusTuple(s);
+  });
   m.def(
       "shutdown",
       [](const std::string& reason) {

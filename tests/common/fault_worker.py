@@ -14,7 +14,8 @@ import sys
 import threading
 import time
 
-RANK = int(os.environ.get("PMI_RANK", "0"))
+# The launcher's numbering: MPI's under mpiexec, tfringrun's own under --tcp.
+RANK = int(os.environ.get("TFRING_RANK", os.environ.get("PMI_RANK", "0")))
 SCENARIO, DIR = sys.argv[1], sys.argv[2]
 ARGS = sys.argv[3:]
 

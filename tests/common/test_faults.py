@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from support import ROOT, rank_lines, tfringrun
+from support import CONTROLLERS, ROOT, rank_lines, tfringrun
 
 WORKER = os.path.join(ROOT, "tests", "common", "fault_worker.py")
 JOB_TIMEOUT = 60          # tfringrun --timeout for each job
@@ -87,8 +87,9 @@ _EXIT_EVENT = re.compile(r"^tfringrun: rank (\d+) (exited with code -?\d+|was ki
 class Job:
     """What one finished job left behind."""
 
-    def __init__(self, name, directory, returncode, output, seconds):
+    def __init__(self, name, controller, directory, returncode, output, seconds):
         self.name = name
+        self.controller = controller
         self.np, self.scenario, self.args, self.env = JOBS[name]
         self.dir = directory
         self.returncode = returncode
@@ -136,7 +137,7 @@ class Job:
                 if m]
 
     def describe(self):
-        return (f"job {self.name} (np={self.np}, exit {self.returncode}, {self.seconds:.1f} s):\n"
+        return (f"job {self.name} under {self.controller} (np={self.np}, exit {self.returncode}, {self.seconds:.1f} s):\n"
                 + self.output[-12000:])
 
 
@@ -169,18 +170,19 @@ def _env(name):
     return {**_NEUTRAL_ENV, **JOBS[name][3]}
 
 
-def _run_job(name, directory):
+def _run_job(name, controller, directory):
     start = time.monotonic()
     if name in _STOPPED:
-        code, output = _run_and_interrupt(name, directory)
+        code, output = _run_and_interrupt(name, controller, directory)
     else:
         np_, cmd = _command(name, directory)
-        proc = tfringrun(np_, cmd, timeout=JOB_TIMEOUT, env=_env(name), extra=("--verbose",))
+        proc = tfringrun(np_, cmd, timeout=JOB_TIMEOUT, env=_env(name), extra=("--verbose",),
+                         controller=controller)
         code, output = proc.returncode, proc.stdout
-    return Job(name, str(directory), code, output, time.monotonic() - start)
+    return Job(name, controller, str(directory), code, output, time.monotonic() - start)
 
 
-def _run_and_interrupt(name, directory):
+def _run_and_interrupt(name, controller, directory):
     """Starts the job, waits until every rank has written its ready file
     (looping: it loops over collectives; shm: it has joined MPI's shared
     memory), then signals tfringrun: SIGINT as a terminal's Ctrl-C would."""
@@ -188,8 +190,8 @@ def _run_and_interrupt(name, directory):
     np_, cmd = _command(name, directory)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **_env(name))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfring.runner.launch", "-np", str(np_), "--timeout",
-         str(JOB_TIMEOUT), "--verbose", *cmd], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "tfring.runner.launch", "-np", str(np_), f"--{controller}",
+         "--timeout", str(JOB_TIMEOUT), "--verbose", *cmd], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT
@@ -211,25 +213,29 @@ def _run_and_interrupt(name, directory):
 
 
 class _Jobs:
-    def __init__(self, names, tmp_path_factory):
+    def __init__(self, keys, tmp_path_factory):
         self.pool = ThreadPoolExecutor(max_workers=PARALLEL_JOBS)
         self.futures = {}
-        for name in [n for n in _START_ORDER if n in names]:
-            self.futures[name] = self.pool.submit(_run_job, name, tmp_path_factory.mktemp(name))
+        for name in _START_ORDER:
+            for controller in CONTROLLERS:
+                if (name, controller) in keys:
+                    self.futures[name, controller] = self.pool.submit(
+                        _run_job, name, controller,
+                        tmp_path_factory.mktemp(f"{name}-{controller}"))
 
-    def __getitem__(self, name):
-        return self.futures[name].result()
+    def __getitem__(self, key):
+        return self.futures[key].result()
 
 
 @pytest.fixture(scope="module")
 def jobs(request, tmp_path_factory):
     """The jobs the selected tests of this module need, started together."""
-    names = set()
+    keys = set()
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if getattr(item, "module", None) is request.module and "job" in params:
-            names.add(params["job"])
-    runner = _Jobs(names, tmp_path_factory)
+            keys.add((params["job"], params["controller"]))
+    runner = _Jobs(keys, tmp_path_factory)
     yield runner
     runner.pool.shutdown(wait=True)
 
@@ -257,8 +263,8 @@ _DEATH_REPORT = {"kill": ("was killed by signal 9 (SIGKILL)", 137),
 
 
 @pytest.mark.parametrize("job", DEAD)
-def test_dead_rank_is_named_quickly_and_the_job_ends(jobs, job):
-    job = jobs[job]
+def test_dead_rank_is_named_quickly_and_the_job_ends(jobs, job, controller):
+    job = jobs[job, controller]
     how, victim = job.args[0], int(job.args[1])
     survivors = [r for r in range(job.np) if r != victim]
     results = job.results()
@@ -266,17 +272,24 @@ def test_dead_rank_is_named_quickly_and_the_job_ends(jobs, job):
     if how == "raise":
         named = f"tfring has been shut down: rank {victim} died of an uncaught ValueError: " \
                 "the victim gave up."
+        cause = None
+    elif controller == "mpi":
+        # MPI does not notice; the peer monitor does (from the victim's pid).
+        named, cause = f"rank {victim} (pid {victim_pid} on ", "has exited or was killed"
     else:
-        named = f"rank {victim} (pid {victim_pid} on "
+        # TCP notices the victim's connection ending, before the monitor looks.
+        named, cause = f"rank {victim} (host ", re.compile(r"(closed|reset) its connection")
     for rank in survivors:
         got = results.get(rank, {})
         assert "DETECTED" in got, f"rank {rank} reported no error\n{job.describe()}"
         seconds, message = got["DETECTED"].split(" ", 1)
-        print(f"\n[detection] {job.name}: rank {rank} got the error {float(seconds):.3f} s after "
+        print(f"\n[detection] {job.name} ({controller}): rank {rank} got the error {float(seconds):.3f} s after "
               f"rank {victim} died ({how})")
         assert named in message, job.describe()
-        if how != "raise":
-            assert "has exited or was killed" in message, job.describe()
+        if isinstance(cause, str):
+            assert cause in message, job.describe()
+        elif cause:
+            assert cause.search(message), job.describe()
         assert float(seconds) < DETECTION_BOUND_S, job.describe()
         # Later collectives fail at once with the same news.
         later_seconds, later = got["LATER"].split(" ", 1)
@@ -301,25 +314,30 @@ def test_dead_rank_is_named_quickly_and_the_job_ends(jobs, job):
 
 
 @pytest.mark.parametrize("job", ["kill-np3-rank2-no-wait"])
-def test_survivor_that_exits_at_once_is_not_blamed(jobs, job):
+def test_survivor_that_exits_at_once_is_not_blamed(jobs, job, controller):
     # A survivor that exits as soon as it has the news is a second dead peer;
     # the peer monitor names the lowest dead rank it finds, so survivors
     # linger a moment before they exit and the others name the first to die.
-    job = jobs[job]
+    job = jobs[job, controller]
     results = job.results()
     for rank in (0, 1):
         assert "DETECTED" in results.get(rank, {}), job.describe()
         message = results[rank]["DETECTED"].split(" ", 1)[1]
-        assert "tfring stopped: rank 2 (pid " in message, f"rank {rank} blamed: {message}"
+        blamed = "rank 2 (pid " if controller == "mpi" else "rank 2 (host "
+        assert f"tfring stopped: {blamed}" in message, f"rank {rank} blamed: {message}"
 
 
 @pytest.mark.parametrize("job", ["kill-np2", "exit-np2", "raise-np2", "kill-np3-rank2",
                                  "kill-np3-rank0", "ctrl-c", "shutdown-pending", "stall-shutdown",
                                  "sigterm-stall-np3", "sigterm-stall-np3-shell"])
-def test_no_shared_memory_segment_is_left(jobs, job):
+# Only MPICH leaves named segments behind: tfring's own shared-memory plane
+# unlinks each segment as soon as every rank has mapped it, so under TCP no
+# rank has a named /dev/shm file mapped that could be left.
+@pytest.mark.parametrize("controller", ["mpi"])
+def test_no_shared_memory_segment_is_left(jobs, job, controller):
     # MPICH unlinks its segments in MPI_Finalize, which ranks killed by a
     # signal, and survivors of a dead peer, never run: tfringrun removes them.
-    job = jobs[job]
+    job = jobs[job, controller]
     assert job.shm, f"the ranks mapped no /dev/shm file; nothing was checked\n{job.describe()}"
     assert not job.leaked_shm, f"left in /dev/shm: {job.leaked_shm}\n{job.describe()}"
 
@@ -331,8 +349,8 @@ _STALL_WARNING = re.compile(r"^\[tfring WARNING rank 0\] Stall: tensor 'stalled_
 
 
 @pytest.mark.parametrize("job", ["stall-warning"])
-def test_stall_warning_names_tensor_and_missing_rank(jobs, job):
-    job = jobs[job]
+def test_stall_warning_names_tensor_and_missing_rank(jobs, job, controller):
+    job = jobs[job, controller]
     assert job.returncode == 0, job.describe()
     assert any(_STALL_WARNING.match(line) for line in job.stderr(0)), job.describe()
     assert not any("Stall" in line for line in job.stderr(1)), "only the coordinator warns"
@@ -345,15 +363,15 @@ def test_stall_warning_names_tensor_and_missing_rank(jobs, job):
 
 
 @pytest.mark.parametrize("job", ["stall-warning"])
-def test_default_log_level_prints_no_debug_lines(jobs, job):
-    job = jobs[job]
+def test_default_log_level_prints_no_debug_lines(jobs, job, controller):
+    job = jobs[job, controller]
     assert not re.search(r"\[tfring (TRACE|DEBUG|INFO) rank", job.output), job.describe()
 
 
 @pytest.mark.parametrize("job", ["stall-shutdown"])
-def test_stall_shutdown_fails_every_rank_with_the_stall(jobs, job):
+def test_stall_shutdown_fails_every_rank_with_the_stall(jobs, job, controller):
     # HOROVOD_STALL_CHECK_TIME_SECONDS: the Horovod name works too.
-    job = jobs[job]
+    job = jobs[job, controller]
     assert any(_STALL_WARNING.match(line) for line in job.stderr(0)), job.describe()
     results = job.results()
     for rank in range(2):
@@ -373,10 +391,10 @@ def test_stall_shutdown_fails_every_rank_with_the_stall(jobs, job):
 @pytest.mark.xfail(not library_contains("Mismatched groups for tensor"), strict=True, reason=(
     "the op library predates aba221c (before it, TFRING_STALL_SHUTDOWN_TIME_SECONDS waited "
     "for the 60 s warning time); rebuild it"))
-def test_stall_shutdown_time_alone_stops_the_job(jobs, job):
+def test_stall_shutdown_time_alone_stops_the_job(jobs, job, controller):
     # Only the shutdown time set: the job stops after it, although the
     # warning time (60 s by default) has not come.
-    job = jobs[job]
+    job = jobs[job, controller]
     results = job.results()
     assert job.returncode == 0, job.describe()
     for rank in range(2):
@@ -388,8 +406,8 @@ def test_stall_shutdown_time_alone_stops_the_job(jobs, job):
 
 
 @pytest.mark.parametrize("job", ["stall-disabled"])
-def test_stall_check_disable_turns_off_warning_and_shutdown(jobs, job):
-    job = jobs[job]
+def test_stall_check_disable_turns_off_warning_and_shutdown(jobs, job, controller):
+    job = jobs[job, controller]
     assert job.returncode == 0, job.describe()
     assert "Stall" not in job.output and "a stall" not in job.output, job.describe()
     results = job.results()
@@ -402,8 +420,8 @@ def test_stall_check_disable_turns_off_warning_and_shutdown(jobs, job):
 # -- shutdown, Ctrl-C ----------------------------------------------------------
 
 @pytest.mark.parametrize("job", ["shutdown-pending"])
-def test_shutdown_fails_a_collective_pending_on_another_thread(jobs, job):
-    job = jobs[job]
+def test_shutdown_fails_a_collective_pending_on_another_thread(jobs, job, controller):
+    job = jobs[job, controller]
     assert job.returncode == 0, job.describe()
     results = job.results()
     assert results[0]["THREAD"].startswith("ABORTED "), job.describe()
@@ -417,8 +435,8 @@ def test_shutdown_fails_a_collective_pending_on_another_thread(jobs, job):
 
 
 @pytest.mark.parametrize("job", ["ctrl-c"])
-def test_ctrl_c_on_tfringrun_ends_every_rank(jobs, job):
-    job = jobs[job]
+def test_ctrl_c_on_tfringrun_ends_every_rank(jobs, job, controller):
+    job = jobs[job, controller]
     assert all(os.path.exists(os.path.join(job.dir, f"looping.{r}")) for r in range(job.np)), \
         f"the ranks never got to their loop\n{job.describe()}"
     assert job.returncode == 130, job.describe()
@@ -428,8 +446,8 @@ def test_ctrl_c_on_tfringrun_ends_every_rank(jobs, job):
 
 
 @pytest.mark.parametrize("job", ["sigterm-stall-np3", "sigterm-stall-np3-shell"])
-def test_sigterm_on_tfringrun_with_a_rank_stalled_ends_every_rank(jobs, job):
-    job = jobs[job]
+def test_sigterm_on_tfringrun_with_a_rank_stalled_ends_every_rank(jobs, job, controller):
+    job = jobs[job, controller]
     assert all(os.path.exists(os.path.join(job.dir, f"shm.{r}")) for r in range(job.np)), \
         f"the ranks never joined MPI\n{job.describe()}"
     assert job.returncode == 143, job.describe()
@@ -445,8 +463,8 @@ def test_sigterm_on_tfringrun_with_a_rank_stalled_ends_every_rank(jobs, job):
 # -- logging -------------------------------------------------------------------
 
 @pytest.mark.parametrize("job", ["log-debug"])
-def test_debug_log_lines_name_each_rank_and_timestamps_are_optional(jobs, job):
-    job = jobs[job]
+def test_debug_log_lines_name_each_rank_and_timestamps_are_optional(jobs, job, controller):
+    job = jobs[job, controller]
     assert job.returncode == 0, job.describe()
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6} "
     for rank in range(job.np):

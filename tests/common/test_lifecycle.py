@@ -32,10 +32,11 @@ def test_calls_before_init_say_to_call_init():
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr
 
 
-def test_topology_lines(run_ranks):
+def test_topology_lines(run_ranks, controller):
     result = run_ranks(3, [sys.executable, "-c",
                            "import tfring.tensorflow as hvd; hvd.init(); "
-                           "print(hvd.rank(), hvd.size(), hvd.local_rank())"], timeout=120)
+                           "print(hvd.rank(), hvd.size(), hvd.local_rank())"], timeout=120,
+                       controller=controller)
     assert result.returncode == 0, result.stdout
     lines = sorted(text for _, text in rank_lines(result.stdout))
     assert lines == ["0 3 0", "1 3 1", "2 3 2"], result.stdout
@@ -61,8 +62,9 @@ print("OK", hvd.rank())
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_shutdown_then_reinit(run_ranks, np_):
-    result = run_ranks(np_, [sys.executable, "-c", SHUTDOWN_SCRIPT], timeout=120)
+def test_shutdown_then_reinit(run_ranks, np_, controller):
+    result = run_ranks(np_, [sys.executable, "-c", SHUTDOWN_SCRIPT], timeout=120,
+                       controller=controller)
     assert result.returncode == 0, result.stdout
     assert result.stdout.count("OK") == np_, result.stdout
 
@@ -85,7 +87,38 @@ else:
 """
 
 
-def test_rank_that_finishes_early_is_named(run_ranks):
-    result = run_ranks(2, [sys.executable, "-c", EARLY_EXIT_SCRIPT], timeout=120)
+def test_rank_that_finishes_early_is_named(run_ranks, controller):
+    result = run_ranks(2, [sys.executable, "-c", EARLY_EXIT_SCRIPT], timeout=120,
+                       controller=controller)
     assert result.returncode == 0, result.stdout
     assert "OK 0" in result.stdout and "rank 1 finished its script" in result.stdout
+
+
+RESTART_SCRIPT = """
+import os
+import tensorflow as tf
+import tfring.tensorflow as hvd
+hvd.init()
+hvd.allreduce(tf.ones([1]), op=hvd.Sum)
+if hvd.rank() == 2:
+    os._exit(0)  # gone without a word, as a lost worker would be
+try:
+    while True:
+        hvd.allreduce(tf.ones([1]), op=hvd.Sum)
+except tf.errors.AbortedError as e:
+    assert "rank 2" in e.message, e.message
+os.environ["TFRING_SIZE"] = "2"  # the survivors go on as a job of two
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy()[0]
+print("RESTARTED", hvd.rank(), hvd.size(), total)
+"""
+
+
+def test_tcp_survivors_start_again_after_a_rank_is_lost(run_ranks):
+    # Issue 9: the TCP backend declares that it can start again after
+    # communication broke (MPI cannot: see test_faults.py), which elastic
+    # training builds on.
+    result = run_ranks(3, [sys.executable, "-c", RESTART_SCRIPT], timeout=120, controller="tcp")
+    assert result.returncode == 0, result.stdout
+    lines = sorted(text for _, text in rank_lines(result.stdout) if text.startswith("RESTARTED"))
+    assert lines == ["RESTARTED 0 2 3.0", "RESTARTED 1 2 3.0"], result.stdout

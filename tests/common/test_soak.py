@@ -30,19 +30,21 @@ _NAMES = re.compile(r"^NAMES rank=(\d+) count=(\d+) rss_growth_mb=(-?[\d.]+)")
 _runs = {}
 
 
-def soak(np_):
-    """Runs the soak job on np_ ranks once per session; returns its output."""
-    if np_ not in _runs:
+def soak(np_, controller="mpi"):
+    """Runs the soak job on np_ ranks under `controller` once per session;
+    returns its output."""
+    if (np_, controller) not in _runs:
         extra = ["--distinct-names", str(DISTINCT_NAMES)] if np_ == 2 else []
         result = tfringrun(np_, [sys.executable, WORKER, "--count", str(COUNT), *extra],
-                           timeout=300 + COUNT // 10, env={"TFRING_SOAK_COUNT": str(COUNT)})
-        _runs[np_] = result
-    return _runs[np_]
+                           timeout=300 + COUNT // 10, env={"TFRING_SOAK_COUNT": str(COUNT)},
+                           controller=controller)
+        _runs[np_, controller] = result
+    return _runs[np_, controller]
 
 
 @pytest.mark.parametrize("np_", [2, 3], ids=["np2", "np3"])
-def test_soak_random_collectives(np_):
-    result = soak(np_)
+def test_soak_random_collectives(np_, controller):
+    result = soak(np_, controller)
     out = result.stdout
     mismatches = [text for _, text in rank_lines(out) if text.startswith("MISMATCH")]
     assert not mismatches, "\n".join(mismatches[:20]) + "\n" + out[-5000:]
@@ -57,7 +59,7 @@ def test_soak_random_collectives(np_):
         count, seconds, rate = int(m.group(2)), float(m.group(3)), float(m.group(4))
         warm, end, checked, failures = (float(m.group(5)), float(m.group(6)), int(m.group(7)),
                                         int(m.group(8)))
-        print(f"\n[soak np={np_}] rank {rank}: {count} collectives in {seconds:.1f} s "
+        print(f"\n[soak np={np_} {controller}] rank {rank}: {count} collectives in {seconds:.1f} s "
               f"({rate:.0f}/s), {checked} results checked, RSS {warm:.1f} MB after warm-up -> "
               f"{end:.1f} MB at the end ({end - warm:+.1f} MB); every tenth: "
               f"{_CURVE.search(m.string).group(1) if _CURVE.search(m.string) else '?'}")

@@ -27,7 +27,8 @@ struct Config {
   // indexed by rank ("a,a,b,b": ranks 0-1 on host a, 2-3 on host b).
   std::string hostname;
   // Which data planes CPU collectives may use: auto (shared memory within a
-  // host, ring across hosts, MPI for the rest), mpi, shm or ring.
+  // host, ring across hosts, the transport's fallback plane for the rest),
+  // mpi (the fallback plane only: MPI's, or a ring over TCP), shm or ring.
   std::string cpu_operations = "auto";
   // In auto mode, the smallest message (bytes) sent through shared memory,
   // and through the ring/hierarchical plane across hosts.

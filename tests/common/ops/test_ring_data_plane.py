@@ -36,12 +36,12 @@ LAUNCHES = {
 
 
 @pytest.mark.parametrize("launch", list(LAUNCHES))
-def test_ring_rank_suite(launch):
+def test_ring_rank_suite(launch, controller):
     np_, env, created = LAUNCHES[launch]
     # Debug logging shows which planes each rank created (it only adds lines
     # to stderr); --capture=sys leaves fd 2 alone, so the C++ log lines
     # written during hvd.init() reach the output.
-    output = run_rank_suite(np_, SUITE, timeout=420,
+    output = run_rank_suite(np_, SUITE, timeout=420, controller=controller,
                             env=dict(env, TFRING_LOG_LEVEL="debug", PYTEST_ADDOPTS="--capture=sys"))
     passed = {r for r, text in rank_lines(output) if re.search(r"\d+ passed", text)}
     assert sorted(passed) == list(range(np_)), output[-5000:]

@@ -44,22 +44,23 @@ def _passed_on_every_rank(output, np_):
     return ranks == set(range(np_))
 
 
-def _run_suite(np_, env, tmp_path):
+def _run_suite(np_, env, tmp_path, controller=None):
     """Runs the suite with a timeline, which names the plane that ran each
     collective ("SHM_ALLREDUCE"); returns the timeline's text. (A fallback
     to MPI would only be logged inside pytest's capture, so the timeline is
     the proof.)"""
     timeline = tmp_path / "timeline.json"
     before = _stale_segments()
-    output = run_rank_suite(np_, SUITE, env=dict(env, TFRING_TIMELINE=str(timeline)))
+    output = run_rank_suite(np_, SUITE, env=dict(env, TFRING_TIMELINE=str(timeline)),
+                            controller=controller)
     assert _passed_on_every_rank(output, np_), output[-5000:]
     assert _stale_segments() - before == set(), "shared-memory segments left in /dev/shm"
     return timeline.read_text()
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_shm_rank_suite(np_, tmp_path):
-    timeline = _run_suite(np_, FORCED, tmp_path)
+def test_shm_rank_suite(np_, controller, tmp_path):
+    timeline = _run_suite(np_, FORCED, tmp_path, controller)
     for collective in ("ALLREDUCE", "ALLGATHER", "BROADCAST", "REDUCESCATTER"):
         assert f"SHM_{collective}" in timeline, f"no {collective} ran on shared memory"
         assert f"MPI_{collective}" not in timeline, f"an {collective} ran on MPI"

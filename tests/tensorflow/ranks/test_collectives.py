@@ -394,8 +394,9 @@ def test_process_sets(rank, size):
 
 def test_topology(rank, size):
     import os
-    assert rank == int(os.environ.get("PMI_RANK", 0))
-    assert size == int(os.environ.get("PMI_SIZE", 1))
+    # The launcher's numbering: MPI's PMI_* under mpiexec, TFRING_* under --tcp.
+    assert rank == int(os.environ.get("TFRING_RANK", os.environ.get("PMI_RANK", 0)))
+    assert size == int(os.environ.get("TFRING_SIZE", os.environ.get("PMI_SIZE", 1)))
     assert hvd.local_rank() == rank and hvd.local_size() == size  # one host
     assert hvd.cross_rank() == 0 and hvd.cross_size() == 1
     assert hvd.is_homogeneous() and hvd.is_initialized()

@@ -1,5 +1,8 @@
 #include "rendezvous_client.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 
 #include "sha256.h"
@@ -67,6 +70,20 @@ WireStatus RendezvousClient::Connect(const std::string& host, int port,
   if (s.ok()) s = ClientHandshake(sock_, secret, kRendezvousContext, deadline);
   if (!s.ok()) sock_.Close();
   return s.Context(where_);
+}
+
+std::string RendezvousClient::LocalAddress() const {
+  sockaddr_storage addr;
+  socklen_t len = sizeof(addr);
+  if (!sock_.valid() || getsockname(sock_.fd(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return "";
+  }
+  char host[NI_MAXHOST] = {0};
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
+    return "";
+  }
+  return host;
 }
 
 WireStatus RendezvousClient::Call(const std::string& frame, double wait, Frame* reply) {

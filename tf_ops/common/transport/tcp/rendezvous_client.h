@@ -31,6 +31,9 @@ class RendezvousClient {
   WireStatus Connect(const std::string& host, int port, const std::string& secret,
                      double timeout);
   void Close() { sock_.Close(); }
+  // The numeric address of this end of the connection: the interface that
+  // routes to the store, which the other ranks can usually reach too.
+  std::string LocalAddress() const;
 
   WireStatus Set(const std::string& scope, const std::string& key, const std::string& value,
                  bool exclusive = false);

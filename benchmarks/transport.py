@@ -1,0 +1,220 @@
+"""The TCP transport against MPI, in one run (issue 9's benchmark).
+
+    python benchmarks/transport.py [--np 2,3] [--json out.json] [--skip-cross-host]
+
+Rows, each measured for both controllers (tfringrun --mpi and --tcp)
+launched one after the other in the same run:
+  * 4 KB allreduce latency: the median time of one float32 allreduce inside
+    tf.function, ranks lined up by a tiny allreduce before each call, the
+    slowest rank's median;
+  * 1 MB and 64 MB allreduce busbw (same host; nccl-tests definitions:
+    algbw = bytes / time, busbw = algbw * 2(n-1)/n);
+  * idle CPU per rank: process CPU-seconds per second over a few seconds of
+    sleep after some collectives (target <= 0.02).
+Then, with fake hosts that have network stacks of their own (network
+namespaces joined by a bridge: tests/netns_support.py; needs root), the
+cross-host ring over TCP (one rank per fake host, TFRING_CPU_OPERATIONS=ring)
+against the bandwidth of one raw TCP stream between two of those fake hosts,
+measured in the same run by `iperf3` when installed, else by a Python
+sendall/recv_into loop. Target: the ring's busbw >= 90% of it.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import bench_common as bc  # noqa: E402
+
+SIZES = {"4 KB": 4 << 10, "1 MB": 1 << 20, "64 MB": 64 << 20}
+
+
+def reps_for(nbytes):
+    return 200 if nbytes <= (64 << 10) else 30 if nbytes <= (4 << 20) else 7
+
+
+def rank_main(args):
+    """Runs inside every rank; rank 0 writes the results as JSON."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tfring.tensorflow as hvd
+
+    hvd.init()
+    size = hvd.size()
+    one = tf.ones([1], tf.float32)
+
+    @tf.function
+    def step(x):
+        return hvd.allreduce(x, op=hvd.Sum, name="bench")
+
+    @tf.function
+    def line_up(x):
+        return hvd.allreduce(x, op=hvd.Sum, name="line_up")
+
+    def slowest(value):
+        return float(hvd.allgather(tf.constant([value], tf.float64)).numpy().max())
+
+    results = {"controller": "tcp" if hvd.gloo_enabled() else "mpi", "np": size, "rows": {}}
+    for label in args.sizes:
+        nbytes = SIZES[label]
+        x = tf.ones([nbytes // 4], tf.float32)
+        out = step(x).numpy()
+        assert out[0] == size and out[-1] == size, "wrong allreduce result"
+        times = []
+        for i in range(reps_for(nbytes) + 3):
+            line_up(one).numpy()
+            t0 = time.perf_counter()
+            step(x).numpy()
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        results["rows"][label] = slowest(float(np.median(times)))
+    # Idle cost: after the collectives, every thread (the background loop,
+    # heartbeats) is as it will be between training steps.
+    line_up(one).numpy()
+    cpu0, t0 = bc.rusage_cpu(), time.perf_counter()
+    time.sleep(args.idle_seconds)
+    idle = (bc.rusage_cpu() - cpu0) / (time.perf_counter() - t0)
+    results["idle_cpu"] = slowest(idle)
+    if hvd.rank() == 0 and args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    hvd.shutdown()
+
+
+def launch(np_, controller, sizes, timeout, extra=(), env=None, idle_seconds=3.0):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, "-m", "tfring.runner.launch", "-np", str(np_), f"--{controller}",
+           "--timeout", str(timeout), *extra, sys.executable, os.path.abspath(__file__),
+           "--rank-mode", "--out", out, "--sizes", ",".join(sizes),
+           "--idle-seconds", str(idle_seconds)]
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout + 60)
+    if proc.returncode != 0:
+        sys.exit(f"benchmark launch failed ({controller}, np={np_}):\n{proc.stdout[-5000:]}")
+    with open(out) as f:
+        data = json.load(f)
+    os.unlink(out)
+    return data
+
+
+def raw_stream_bandwidth(hosts, a, b, seconds=3.0):
+    """Bytes/s of one TCP stream from fake host `a` to fake host `b`."""
+    port = 5201
+    if subprocess.run(["which", "iperf3"], capture_output=True).returncode == 0:
+        server = subprocess.Popen(hosts.command(b, ["iperf3", "-s", "-1", "-p", str(port)]),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        out = subprocess.run(hosts.command(a, ["iperf3", "-c", hosts.address(b), "-p", str(port),
+                                                "-t", str(int(seconds)), "-J"]),
+                             capture_output=True, text=True, timeout=seconds + 30)
+        server.wait(timeout=10)
+        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8, "iperf3"
+    receiver = ("import socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,"
+                "socket.SO_REUSEADDR,1);s.bind((sys.argv[1],int(sys.argv[2])));s.listen()\n"
+                "c,_=s.accept();b=bytearray(1<<22);v=memoryview(b)\n"
+                "while c.recv_into(v):pass\n")
+    sender = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1],int(sys.argv[2])))"
+              "\nb=b'x'*(1<<22);n=0;t=time.perf_counter();end=t+float(sys.argv[3])\n"
+              "while time.perf_counter()<end:\n c.sendall(b);n+=len(b)\n"
+              "print(n/(time.perf_counter()-t))\n")
+    server = subprocess.Popen(hosts.command(b, [sys.executable, "-c", receiver, hosts.address(b),
+                                                str(port)]))
+    time.sleep(0.5)
+    out = subprocess.run(hosts.command(a, [sys.executable, "-c", sender, hosts.address(b),
+                                           str(port), str(seconds)]),
+                         capture_output=True, text=True, timeout=seconds + 30)
+    server.wait(timeout=10)
+    return float(out.stdout.strip()), "python socket loop"
+
+
+def cross_host(np_, timeout):
+    """Ring busbw over TCP across np_ fake hosts, and the raw stream baseline."""
+    import netns_support
+    if not netns_support.available():
+        return None
+    names = [f"h{i}" for i in range(np_)]
+    with netns_support.FakeHosts(names) as hosts, tempfile.TemporaryDirectory() as tmp:
+        hosts.ssh_command(tmp)
+        env = {"PATH": tmp + os.pathsep + os.environ["PATH"], "TFRING_CPU_OPERATIONS": "ring",
+               "TFRING_CROSS_HOST_MIN_BYTES": "0"}
+        extra = ["-H", ",".join(f"{n}:1" for n in names), "--network-interfaces",
+                 hosts.interfaces()]
+        data = launch(np_, "tcp", ["64 MB"], timeout, extra=extra, env=env, idle_seconds=0.5)
+        raw, tool = raw_stream_bandwidth(hosts, names[0], names[1])
+    t = data["rows"]["64 MB"]
+    busbw = (64 << 20) / t * 2 * (np_ - 1) / np_
+    return {"np": np_, "ring_busbw": busbw, "raw_stream": raw, "tool": tool, "median_s": t}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", default="2,3")
+    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--timeout", type=int, default=600)
+    p.add_argument("--skip-cross-host", action="store_true")
+    p.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default=",".join(SIZES), help=argparse.SUPPRESS)
+    p.add_argument("--idle-seconds", type=float, default=3.0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.sizes = args.sizes.split(",")
+    if args.rank_mode:
+        return rank_main(args)
+
+    machine = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "when": bc.now_iso(),
+               "host": socket.gethostname()}
+    same_host = []
+    for np_ in (int(n) for n in args.np.split(",")):
+        for controller in ("mpi", "tcp"):
+            print(f"running np={np_} --{controller} ...", file=sys.stderr, flush=True)
+            same_host.append(launch(np_, controller, list(SIZES), args.timeout))
+    cross = []
+    if not args.skip_cross_host:
+        for np_ in (int(n) for n in args.np.split(",")):
+            print(f"running the cross-host ring, np={np_} ...", file=sys.stderr, flush=True)
+            r = cross_host(np_, args.timeout)
+            if r is None:
+                print("fake hosts unavailable (needs root and ip netns): skipped",
+                      file=sys.stderr)
+                break
+            cross.append(r)
+    machine["load_after"] = os.getloadavg()
+
+    print(f"\nmachine: {machine}\n")
+    print(f"{'np':>2} {'row':<22} {'MPI':>12} {'TCP':>12} {'TCP vs MPI':>11}")
+    for np_ in sorted({r["np"] for r in same_host}):
+        by = {r["controller"]: r for r in same_host if r["np"] == np_}
+        for label, nbytes in SIZES.items():
+            m, t = by["mpi"]["rows"][label], by["tcp"]["rows"][label]
+            if label == "4 KB":
+                print(f"{np_:>2} {'4 KB latency (us)':<22} {m * 1e6:>12.1f} {t * 1e6:>12.1f} "
+                      f"{m / t:>10.2f}x")
+            else:
+                bus = lambda s: nbytes / s * 2 * (np_ - 1) / np_ / 1e9  # noqa: E731
+                print(f"{np_:>2} {label + ' busbw (GB/s)':<22} {bus(m):>12.2f} {bus(t):>12.2f} "
+                      f"{m / t:>10.2f}x")
+        print(f"{np_:>2} {'idle CPU (CPU-s/s)':<22} {by['mpi']['idle_cpu']:>12.4f} "
+              f"{by['tcp']['idle_cpu']:>12.4f}")
+    for r in cross:
+        print(f"{r['np']:>2} cross-host ring over TCP: busbw {r['ring_busbw'] / 1e9:.2f} GB/s, "
+              f"raw stream ({r['tool']}) {r['raw_stream'] / 1e9:.2f} GB/s: "
+              f"{r['ring_busbw'] / r['raw_stream']:.0%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "same_host": same_host, "cross_host": cross}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
