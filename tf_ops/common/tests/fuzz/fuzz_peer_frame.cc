@@ -54,12 +54,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     PeerHeader h;
     if (!ParsePeerHeader(data + off, &h).ok()) return 0;  // the connection would be failed
     if (h.length > kMaxPeerMessage) __builtin_trap();
-    if (h.kind != PeerFrameKind::DATA && h.length != 0) __builtin_trap();
+    // Only DATA and ABORT carry a body, and an ABORT's is small.
+    if (h.kind == PeerFrameKind::ABORT ? h.length > kMaxAbortBody
+                                       : h.kind != PeerFrameKind::DATA && h.length != 0) {
+      __builtin_trap();
+    }
     uint8_t back[kPeerHeaderBytes];
     EncodePeerHeader(h, back);
     if (std::memcmp(back, data + off, kPeerHeaderBytes) != 0) __builtin_trap();
     off += kPeerHeaderBytes;
     if (h.length > size - off) return 0;  // the rest would arrive later
+    if (h.kind == PeerFrameKind::ABORT) {
+      // An accepted notice encodes back to the same bytes.
+      const std::string body(reinterpret_cast<const char*>(data + off), size_t(h.length));
+      AbortNotice a;
+      if (ParseAbort(body, &a).ok() && EncodeAbort(a) != body) __builtin_trap();
+    }
     off += size_t(h.length);
   }
   return 0;
@@ -82,7 +92,13 @@ static std::vector<std::string> Seeds() {
   h.client_rank = 2;
   h.server_rank = 1;
   h.size = 3;
+  AbortNotice notice;
+  notice.failed_rank = 2;
+  notice.cause = 1;
+  notice.detail = "3.1 s (heartbeat interval 1.0 s)";
+  const std::string abort = EncodeAbort(notice);
   return {
+      std::string(1, '\x00') + Header(PeerFrameKind::ABORT, 0, 0, abort.size()) + abort,
       std::string(1, '\x00') + Header(PeerFrameKind::DATA, 5, 77, 3) + "abc" +
           Header(PeerFrameKind::HEARTBEAT, 0, 0, 0) + Header(PeerFrameKind::DATA, -1, 9, 0) +
           Header(PeerFrameKind::GOODBYE, 0, 0, 0),
