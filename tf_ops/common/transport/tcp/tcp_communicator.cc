@@ -51,6 +51,7 @@ constexpr size_t kProgressBudget = 8u << 20;
 // posted buffer; smaller pieces go through the staging buffer.
 constexpr size_t kDirectReceive = 64u << 10;
 constexpr size_t kStagingBytes = 256u << 10;
+constexpr size_t kUnexpectedReserve = 4u << 20;
 constexpr int kDesiredSocketBuffer = 4 << 20;
 
 using Key = std::pair<uint64_t, int32_t>;  // (context, tag)
@@ -860,9 +861,10 @@ void World::StartMessage(int peer) {
   } else {
     auto u = std::make_shared<Unexpected>();
     u->length = c.cur.length;
-    // Reserve only what is sure to be useful: the bytes of a claimed length
-    // are appended as they really arrive.
-    u->data.reserve(size_t(std::min<uint64_t>(c.cur.length, kStagingBytes)));
+    // Reserve at most kUnexpectedReserve up front: a ring's pieces (up to
+    // 1 MiB) then land without regrowing, while a claimed length larger than
+    // that is appended only as its bytes really arrive.
+    u->data.reserve(size_t(std::min<uint64_t>(c.cur.length, kUnexpectedReserve)));
     c.unexpected[key].push_back(u);
     c.stash = std::move(u);
   }
