@@ -73,6 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 }
 
 #ifdef TFRING_SEEDED_DRIVER
+#include "seeded_driver.h"
+
 static std::vector<std::string> Seeds() {
   Registration reg;
   reg.host = "h";
@@ -134,31 +136,5 @@ static void Mutate(std::string* s, std::mt19937_64& rng) {
   }
 }
 
-int main(int argc, char** argv) {
-  uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
-  uint64_t iterations = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 100000;
-  double seconds = argc > 3 ? std::atof(argv[3]) : 0;
-  std::mt19937_64 rng(seed);
-  std::vector<std::string> corpus = Seeds();
-  auto start = std::chrono::steady_clock::now();
-  uint64_t runs = 0;
-  for (;; ++runs) {
-    if (seconds > 0) {
-      auto elapsed = std::chrono::steady_clock::now() - start;
-      if ((runs & 1023) == 0 && std::chrono::duration<double>(elapsed).count() >= seconds) break;
-    } else if (runs >= iterations) {
-      break;
-    }
-    std::string input = corpus[rng() % corpus.size()];
-    Mutate(&input, rng);
-    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(input.data()), input.size());
-    // Keep some mutants: later rounds mutate further from valid frames.
-    if (rng() % 64 == 0) {
-      if (corpus.size() < 256) corpus.push_back(input);
-      else corpus[5 + rng() % (corpus.size() - 5)] = input;
-    }
-  }
-  std::printf("executions %llu crashes 0\n", (unsigned long long)runs);
-  return 0;
-}
+int main(int argc, char** argv) { return RunSeededDriver(argc, argv, Seeds(), Mutate); }
 #endif
