@@ -386,6 +386,16 @@ struct Conn {
   size_t spos = 0, slen = 0;
   std::unordered_map<Key, std::deque<TcpRequest*>, KeyHash> posted;
   std::unordered_map<Key, std::deque<std::shared_ptr<Unexpected>>, KeyHash> unexpected;
+  // The oldest receive posted for `key` (messages match in FIFO order),
+  // taken off the list; null when none is posted.
+  TcpRequest* TakePosted(const Key& key) {
+    auto it = posted.find(key);
+    if (it == posted.end()) return nullptr;
+    TcpRequest* r = it->second.front();
+    it->second.pop_front();
+    if (it->second.empty()) posted.erase(it);
+    return r;
+  }
   Clock::time_point last_recv, last_send;
   bool goodbye = false;   // the peer closed in order: nothing more arrives
   bool eof = false;
@@ -520,11 +530,7 @@ Status World::MismatchError(int peer, const Key& key, uint64_t sent, int64_t pos
 
 void World::DeliverLocal(const char* buf, int64_t bytes, Key key, TcpRequest* send) {
   Conn& c = conns_[size_t(rank_)];
-  auto it = c.posted.find(key);
-  if (it != c.posted.end()) {
-    TcpRequest* r = it->second.front();
-    it->second.pop_front();
-    if (it->second.empty()) c.posted.erase(it);
+  if (TcpRequest* r = c.TakePosted(key)) {
     r->posted = false;
     r->done = true;
     if (r->bytes != bytes) {
@@ -845,11 +851,7 @@ void World::StartMessage(int peer) {
   c.target = nullptr;
   c.stash.reset();
   Key key(c.cur.context, c.cur.tag);
-  auto it = c.posted.find(key);
-  if (it != c.posted.end()) {
-    TcpRequest* r = it->second.front();
-    it->second.pop_front();
-    if (it->second.empty()) c.posted.erase(it);
+  if (TcpRequest* r = c.TakePosted(key)) {
     r->posted = false;
     if (uint64_t(r->bytes) != c.cur.length) {
       r->error = MismatchError(peer, key, c.cur.length, r->bytes);
