@@ -104,3 +104,30 @@ def test_mpi_built_tells_the_truth(library_without_mpi):
     packaged = library.packaged_library()
     if packaged is not None:
         assert "MPI_BUILT True" in _probe(packaged)
+
+
+_TCP_JOB = r"""
+import sys
+import tensorflow as tf
+import tfring.tensorflow as hvd
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy()[0]
+maps = open("/proc/self/maps").read()
+print("RESULT", hvd.rank(), hvd.size(), total, hvd.mpi_built(), "libmpi" in maps,
+      "mpi4py" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_tcp_job_runs_on_the_library_without_mpi(library_without_mpi, np_):
+    # The point of the build: a job over the TCP controller, with no libmpi
+    # anywhere in the ranks' address spaces.
+    from support import rank_lines, tfringrun
+    path, _ = library_without_mpi
+    result = tfringrun(np_, [sys.executable, "-c", _TCP_JOB], timeout=180, controller="tcp",
+                       env={"TFRING_LIBRARY": path})
+    assert result.returncode == 0, result.stdout[-5000:]
+    lines = sorted(text for _, text in rank_lines(result.stdout) if text.startswith("RESULT"))
+    total = float(np_ * (np_ + 1) / 2)
+    assert lines == [f"RESULT {r} {np_} {total} False False False" for r in range(np_)], \
+        result.stdout[-5000:]
