@@ -54,8 +54,42 @@ def library_path():
     return library.ensure_library(tf)
 
 
-def _preload_mpi():
-    """Makes libmpi resolvable however the library was built (wheel, in place, Bazel)."""
+def _needed_libraries(path):
+    """The DT_NEEDED names of a 64-bit little-endian ELF shared object (what
+    `readelf -d` lists as NEEDED); empty when the file is not one."""
+    import struct
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return []
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    needed = []
+    for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
+        if sh_type != 6 or not entsize:  # SHT_DYNAMIC
+            continue
+        strtab_offset = sections[link][4]
+        for i in range(size // entsize):
+            tag, value = struct.unpack_from("<qQ", data, offset + i * entsize)
+            if tag == 0:  # DT_NULL
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", strtab_offset + value)
+                needed.append(data[strtab_offset + value:end].decode())
+    return needed
+
+
+def _preload_mpi(path):
+    """Makes libmpi resolvable however the library was built (wheel, in place,
+    Bazel), when the library at `path` needs it: one built with
+    TFRING_WITH_MPI=0 must not pull MPI into the process."""
+    if not any(name.startswith("libmpi") for name in _needed_libraries(path)):
+        return
     from tfring.build import library
     try:
         prefix = library.mpi_prefix()
@@ -77,7 +111,7 @@ def load():
         import tensorflow as tf
 
         path = library_path()
-        _preload_mpi()
+        _preload_mpi(path)
         try:
             ops = tf.load_op_library(path)
         except tf.errors.NotFoundError as exc:
