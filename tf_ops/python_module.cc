@@ -6,16 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "common/operations.h"
-#include "common/transport/tcp/tcp_backend.h"
-
-// Builds without MPI (TFRING_WITH_MPI=0, see tfring/build/library.py) leave
-// out common/mpi/ and the MPI data plane; every other build has them.
-#ifndef TFRING_WITH_MPI
-#define TFRING_WITH_MPI 1
-#endif
-#if TFRING_WITH_MPI
-#include "common/mpi/mpi_init.h"
-#endif
+#include "common/transport/entry_points.h"
 
 namespace py = pybind11;
 
@@ -32,22 +23,13 @@ PYBIND11_MODULE(_tfring_ops, m) {
 
   m.def("init", [](int64_t fortran_comm) {
     tfring::Status s;
-#if TFRING_WITH_MPI
     {
       py::gil_scoped_release release;
       s = tfring::InitializeMPI(fortran_comm);
     }
-#else
-    (void)fortran_comm;
-    s = tfring::Status::PreconditionError(
-        "tfring: this library was built without MPI (TFRING_WITH_MPI=0), so it cannot start "
-        "over an MPI communicator; use the TCP controller (tfringrun --tcp, "
-        "TFRING_CONTROLLER=tcp) or rebuild with TFRING_WITH_MPI=1.");
-#endif
     return StatusTuple(s);
   });
-  // Whether this library was built with MPI (the build's TFRING_WITH_MPI).
-  m.def("mpi_built", []() { return TFRING_WITH_MPI != 0; });
+  m.def("mpi_built", &tfring::MPIBuilt);
   m.def("init_tcp", []() {
     tfring::Status s;
     {

@@ -11,10 +11,9 @@ from tfring.build import library
 
 TF_OPS = os.path.join(ROOT, "tf_ops")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
-# Files allowed to include MPI besides the MPI transport's own: the Python
-# module, only inside `#if TFRING_WITH_MPI`, and the C++ test of the planes
-# over an MPICommunicator (a test program, built with mpicxx).
-GUARDED = {os.path.join("tf_ops", "python_module.cc")}
+# Files allowed to include MPI besides the MPI transport's own: the C++ test
+# of the planes over an MPICommunicator (a test program, built with mpicxx).
+# The bindings reach every transport through transport/entry_points.h.
 MPI_TESTS = {os.path.join("tf_ops", "common", "tests", "ring_test.cc")}
 
 
@@ -39,22 +38,10 @@ def violations(root):
             rel = os.path.relpath(os.path.join(dirpath, name), root)
             if library.is_mpi_source(rel) or rel in MPI_TESTS:
                 continue
-            depth = 0  # nesting inside `#if TFRING_WITH_MPI`
             with open(os.path.join(root, rel), encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
-                    stripped = line.strip()
-                    if re.match(r"#\s*if\s+TFRING_WITH_MPI\b", stripped):
-                        depth = 1
-                    elif depth and re.match(r"#\s*if", stripped):
-                        depth += 1
-                    elif depth and re.match(r"#\s*endif", stripped):
-                        depth -= 1
-                    elif depth == 1 and re.match(r"#\s*el", stripped):
-                        depth = 0  # the #else branch builds without MPI
                     m = _INCLUDE.match(line)
                     if m and _is_mpi_include(rel, m.group(1), m.group(2)):
-                        if rel in GUARDED and depth > 0:
-                            continue
                         found.append((rel, number, line.strip()))
     return found
 
@@ -75,7 +62,8 @@ def test_the_mpi_transport_is_what_a_build_without_mpi_leaves_out():
 
 def test_the_check_finds_mpi_includes(tmp_path):
     """The check itself: an MPI include anywhere else, directly or through a
-    file of the MPI transport, or unguarded in the Python module, is found."""
+    file of the MPI transport, is found, in the Python module too (even
+    behind `#if TFRING_WITH_MPI`: the bindings use transport/entry_points.h)."""
     common = tmp_path / "tf_ops" / "common"
     (common / "ops").mkdir(parents=True)
     (common / "mpi").mkdir()
@@ -92,5 +80,6 @@ def test_the_check_finds_mpi_includes(tmp_path):
         (os.path.join("tf_ops", "common", "operations.cc"), 1),
         (os.path.join("tf_ops", "common", "ops", "ring_data_plane.cc"), 1),
         (os.path.join("tf_ops", "common", "ops", "shm_data_plane.cc"), 1),
+        (os.path.join("tf_ops", "python_module.cc"), 2),
         (os.path.join("tf_ops", "python_module.cc"), 4),
     ], found

@@ -23,7 +23,7 @@ class Backend;
 // topology, starts the peer monitor, builds the global process set and starts
 // the background thread. Idempotent while running (`backend` is then
 // dropped); after shutdown() it starts afresh. Transports have their own
-// entry points that make the backend (mpi/mpi_init.h: InitializeMPI).
+// entry points that make the backend (transport/entry_points.h).
 Status Initialize(std::unique_ptr<Backend> backend);
 // What Initialize would decide before it gets a backend: sets *running and
 // returns OK when tfring runs already; returns the error when it cannot start

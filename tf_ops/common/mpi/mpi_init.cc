@@ -1,4 +1,6 @@
-#include "mpi_init.h"
+// The MPI transport's entry point into the generic start-up (operations.h:
+// Initialize).
+#include "../transport/entry_points.h"
 
 #include <mpi.h>
 
@@ -18,5 +20,7 @@ Status InitializeMPI(int64_t fortran_comm) {
       MPIBackend::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)), &backend));
   return Initialize(std::move(backend));
 }
+
+bool MPIBuilt() { return true; }
 
 }  // namespace tfring

@@ -10,6 +10,7 @@
 #include "../../logging.h"
 #include "../../operations.h"
 #include "../../ops/data_plane_factory.h"
+#include "../entry_points.h"
 #include "../p2p_controller.h"
 #include "rendezvous_client.h"
 #include "tcp_communicator.h"

@@ -41,9 +41,6 @@ class TcpBackend : public Backend {
   std::vector<std::string> hosts_;  // by job-wide rank; empty until topology is known
 };
 
-// Starts tfring over TCP with the settings of the environment (Config).
-Status InitializeTCP();
-
 }  // namespace tfring
 
 #endif  // TFRING_COMMON_TRANSPORT_TCP_TCP_BACKEND_H
