@@ -31,7 +31,9 @@ PRELUDE = textwrap.dedent("""
     class FakeCore:
         calls = []
         broken = os.environ.get("FAKE_BROKEN") == "1"
-        mpi_built = os.environ.get("FAKE_MPI_BUILT", "1") == "1"
+
+        def mpi_built(self):
+            return os.environ.get("FAKE_MPI_BUILT", "1") == "1"
 
         def init_tcp(self):
             self.calls.append("init_tcp")

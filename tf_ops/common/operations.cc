@@ -701,7 +701,7 @@ Status CheckCanStart(bool* running) {
   return CheckCanStartLocked(running);
 }
 
-Status Initialize(std::unique_ptr<Backend> backend) {
+Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
   GlobalState& st = state();
   std::lock_guard<std::mutex> lock(st.lifecycle_mu);
   bool running = false;
@@ -709,7 +709,7 @@ Status Initialize(std::unique_ptr<Backend> backend) {
   if (running) return Status::OK();
   if (!backend) return Status::InvalidArgument("tfring: Initialize() needs a backend");
 
-  st.config = Config::FromEnvironment();
+  st.config = config;
   st.shutdown_requested = false;
   st.shutdown_reason.clear();
   SetLogging(st.config.log_level, st.config.log_timestamps, backend->rank());

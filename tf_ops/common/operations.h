@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "config.h"
 #include "status.h"
 #include "tensor_queue.h"
 
@@ -24,7 +25,9 @@ class Backend;
 // the background thread. Idempotent while running (`backend` is then
 // dropped); after shutdown() it starts afresh. Transports have their own
 // entry points that make the backend (transport/entry_points.h).
-Status Initialize(std::unique_ptr<Backend> backend);
+// `config` is what the transport made the backend with (read once from the
+// environment by the entry point).
+Status Initialize(std::unique_ptr<Backend> backend, const Config& config);
 // What Initialize would decide before it gets a backend: sets *running and
 // returns OK when tfring runs already; returns the error when it cannot start
 // again in this process (the communication of a backend that cannot restart

@@ -386,8 +386,7 @@ def mpi_built():
         >>> hvd.mpi_built()
         True
     """
-    flag = getattr(_core(), "mpi_built", True)
-    return bool(flag() if callable(flag) else flag)
+    return bool(_core().mpi_built())
 
 
 def gloo_enabled():

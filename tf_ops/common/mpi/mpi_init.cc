@@ -18,7 +18,7 @@ Status InitializeMPI(int64_t fortran_comm) {
   std::unique_ptr<MPIBackend> backend;
   TFRING_RETURN_IF_ERROR(
       MPIBackend::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)), &backend));
-  return Initialize(std::move(backend));
+  return Initialize(std::move(backend), Config::FromEnvironment());
 }
 
 bool MPIBuilt() { return true; }

@@ -195,7 +195,7 @@ Status InitializeTCP() {
   Config config = Config::FromEnvironment();
   std::unique_ptr<TcpBackend> backend;
   TFRING_RETURN_IF_ERROR(TcpBackend::Create(config, &backend));
-  return Initialize(std::move(backend));
+  return Initialize(std::move(backend), config);
 }
 
 }  // namespace tfring
