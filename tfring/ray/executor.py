@@ -1,0 +1,431 @@
+"""RayExecutor: a tfring job whose ranks are Ray actors.
+
+Ray places the workers and keeps them alive; tfring's TCP controller carries
+the job's data. The driver (the process that holds the executor):
+
+1. reserves one placement group, one bundle per worker (PACK by default:
+   as few nodes as possible; SPREAD: as many), and starts one actor pinned
+   to each bundle;
+2. asks each actor for its host, node address and pid, and numbers the
+   ranks host by host from that (:mod:`tfring.runner.engine_env`);
+3. serves the job's rendezvous store itself, with a fresh secret, and sets
+   each actor's environment (secret included) before any ``init()``.
+
+``run(fn)`` then calls ``fn`` on every actor; ``fn`` calls ``hvd.init()``
+and trains as under tfringrun.
+
+A run fails as a whole: a worker's exception, or an actor that Ray lost,
+stops every actor (the others would wait for the lost rank in their next
+collective) and the executor must be started again.
+"""
+import os
+import socket
+import time
+import traceback
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tfring.runner import engine_env, launch, start_rendezvous, wire
+from tfring.runner.supervisor import format_ranks
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# After the first failure, how long the other workers get to report theirs:
+# a worker that lost its peer fails too (AbortedError naming it), and the
+# cause, not that echo, is what .run should raise.
+FAILURE_GRACE_SECONDS = 2.0
+_POLL_SECONDS = 0.1
+_STOP_SECONDS = 5.0
+
+
+class WorkerLostError(RuntimeError):
+    """A worker's actor died (killed, out of memory, node lost) during a run.
+
+    Attributes:
+        rank: the lost worker's rank.
+    """
+
+    def __init__(self, message, rank):
+        super().__init__(message)
+        self.rank = rank
+
+
+class _Settings:
+    """What Horovod's ``RayExecutor.create_settings`` returned; tfring uses
+    its ``timeout_s`` (how long start() waits for the workers)."""
+
+    def __init__(self, timeout_s=60, **unused):
+        self.timeout_s = timeout_s
+        self.unused = unused
+
+
+class _Worker:
+    """One rank's actor. Its methods run in the actor's own process."""
+
+    def __init__(self, fake_host=None):
+        self._fake_host = fake_host
+        self._executable = None
+
+    def describe(self):
+        """(host, node address, pid, GPU ids) of this actor."""
+        own = os.environ.get("TFRING_HOSTNAME", "")
+        host = self._fake_host or (own if own and "," not in own else socket.gethostname())
+        gpus = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+        return host, ray.util.get_node_ip_address(), os.getpid(), gpus
+
+    def setup(self, env, executable_cls=None, args=(), kwargs=None):
+        """Sets this rank's environment (before any init()), then makes the
+        executable object that :meth:`RayExecutor.execute` hands to its fn."""
+        os.environ.update(env)
+        if executable_cls is not None:
+            self._executable = executable_cls(*args, **(kwargs or {}))
+        return True
+
+    def execute(self, fn, args, kwargs, with_executable):
+        try:
+            if with_executable:
+                return "ok", fn(self._executable)
+            return "ok", fn(*args, **(kwargs or {}))
+        except BaseException as e:  # noqa: BLE001 - handed to the driver, whatever it is
+            text = traceback.format_exc()
+            try:
+                payload = ray.cloudpickle.dumps(e)
+            except Exception:  # noqa: BLE001 - an exception that cannot travel
+                payload = None
+            return "error", (payload, f"{type(e).__name__}: {e}", text)
+
+    def stop_tfring(self):
+        """Shuts tfring down in this process, if it was started here."""
+        import sys
+        basics = sys.modules.get("tfring.common.basics")
+        if basics is not None:
+            try:
+                basics.shutdown()
+            except Exception:  # noqa: BLE001 - the actor is going away anyway
+                pass
+        return True
+
+
+_RemoteWorker = ray.remote(_Worker)
+
+
+class RayExecutor:
+    """Runs a function on every rank of a tfring job made of Ray actors.
+
+    Args:
+        settings: accepted for Horovod's ``RayExecutor(settings, ...)``; its
+            ``timeout_s`` (see :meth:`create_settings`) sets `start_timeout`.
+        num_workers: how many ranks (actors).
+        cpus_per_worker: CPUs Ray reserves for each actor.
+        use_gpu: reserve GPUs too (`gpus_per_worker` each, default 1); each
+            actor then sees every GPU reserved on its node in local-rank
+            order, so ``hvd.local_rank()`` indexes its own.
+        gpus_per_worker: GPUs per actor when `use_gpu`.
+        min_workers, max_workers: elastic mode; not available yet (see
+            Raises).
+        placement_strategy: "PACK" (default: as few nodes as possible),
+            "SPREAD", "STRICT_PACK" or "STRICT_SPREAD".
+        env_vars: variables every worker gets (e.g. tuning ``TFRING_*``).
+        start_timeout: seconds start() waits for the bundles and actors.
+
+    Raises:
+        ValueError: a bad number, strategy or setting.
+        NotImplementedError: `min_workers` or `max_workers` given: elastic
+            runs on Ray wait for tfring's elastic mode.
+
+    Example:
+        >>> import ray, tfring.ray
+        >>> ray.init(num_cpus=2)
+        >>> ex = tfring.ray.RayExecutor(num_workers=2)
+        >>> ex.start()
+        >>> def train():
+        ...     import tfring.keras as hvd
+        ...     hvd.init()
+        ...     return hvd.rank()
+        >>> ex.run(train)
+        [0, 1]
+        >>> ex.shutdown()
+    """
+
+    @staticmethod
+    def create_settings(timeout_s=60, **kwargs):
+        """Horovod's settings object; only `timeout_s` (start-up) is used."""
+        return _Settings(timeout_s, **kwargs)
+
+    def __init__(self, settings=None, num_workers=None, cpus_per_worker=1, use_gpu=False,
+                 gpus_per_worker=None, min_workers=None, max_workers=None,
+                 placement_strategy="PACK", env_vars=None, start_timeout=None):
+        if min_workers is not None or max_workers is not None:
+            raise NotImplementedError(
+                "RayExecutor(min_workers=..., max_workers=...) asks for an elastic job, which "
+                "tfring's Ray executor does not run yet: it needs tfring's elastic mode "
+                "(issue 11). Give num_workers for a fixed-size job.")
+        if num_workers is None:
+            raise ValueError("RayExecutor needs num_workers (the number of ranks)")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be a whole number >= 1, got {num_workers!r}")
+        if not isinstance(cpus_per_worker, (int, float)) or cpus_per_worker <= 0:
+            raise ValueError(f"cpus_per_worker must be > 0, got {cpus_per_worker!r}")
+        if gpus_per_worker is not None and not use_gpu:
+            raise ValueError("gpus_per_worker is given but use_gpu is False")
+        gpus = (1 if gpus_per_worker is None else gpus_per_worker) if use_gpu else 0
+        if not isinstance(gpus, (int, float)) or gpus < 0 or (use_gpu and gpus == 0):
+            raise ValueError(f"gpus_per_worker must be > 0, got {gpus_per_worker!r}")
+        strategy = str(placement_strategy).upper()
+        if strategy not in STRATEGIES:
+            raise ValueError(f"placement_strategy {placement_strategy!r} is not one of "
+                             f"{', '.join(STRATEGIES)}")
+        if start_timeout is None:
+            start_timeout = getattr(settings, "timeout_s", None) or 60
+        self.num_workers = num_workers
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = gpus
+        self.placement_strategy = strategy
+        self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
+        self.start_timeout = float(start_timeout)
+        self._workers = []       # actors, in rank order
+        self._described = []     # (host, address, pid, gpus) per actor, in rank order
+        self._pg = None
+        self._store = None
+        self._failure = None     # why the last run stopped the job
+
+    # -- start -------------------------------------------------------------
+    def start(self, executable_cls=None, executable_args=None, executable_kwargs=None):
+        """Reserves the workers, starts the actors and the job's rendezvous
+        store, and sets each actor's environment.
+
+        Args:
+            executable_cls: optional class made once per actor after its
+                environment is set; :meth:`execute` hands the instance to
+                its function (Horovod's ``executable_cls``).
+            executable_args, executable_kwargs: its arguments.
+
+        Raises:
+            RuntimeError: already started.
+            TimeoutError: the cluster could not place every bundle, or the
+                actors did not start, within `start_timeout`.
+        """
+        if self._workers:
+            raise RuntimeError("this RayExecutor is running already; shutdown() it first")
+        self._failure = None
+        try:
+            self._start(executable_cls, executable_args or (), executable_kwargs or {})
+        except BaseException:
+            self._teardown(graceful=False)
+            raise
+
+    def _start(self, executable_cls, executable_args, executable_kwargs):
+        bundle = {"CPU": self.cpus_per_worker}
+        if self.gpus_per_worker:
+            bundle["GPU"] = self.gpus_per_worker
+        self._pg = placement_group([dict(bundle) for _ in range(self.num_workers)],
+                                   strategy=self.placement_strategy)
+        ready, _ = ray.wait([self._pg.ready()], timeout=self.start_timeout)
+        if not ready:
+            raise TimeoutError(
+                f"Ray could not place {self.num_workers} workers of {bundle} "
+                f"({self.placement_strategy}) within {self.start_timeout:g} s; the cluster "
+                f"has {ray.cluster_resources()} in all, {ray.available_resources()} free")
+        fake = launch.fake_host_names()
+        actors = []
+        for i in range(self.num_workers):
+            options = {"num_cpus": self.cpus_per_worker, "max_restarts": 0,
+                       "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                           placement_group=self._pg, placement_group_bundle_index=i)}
+            if self.gpus_per_worker:
+                options["num_gpus"] = self.gpus_per_worker
+            name = fake[i] if fake and i < len(fake) else None
+            actors.append(_RemoteWorker.options(**options).remote(name))
+        self._workers = actors  # so that a failure below still kills them
+        described = self._get([a.describe.remote() for a in actors], "report their hosts")
+        hosts = [d[0] for d in described]
+        secret = wire.generate_secret()
+        driver_address = ray.util.get_node_ip_address()
+        self._store, addr, port = start_rendezvous(driver_address, 0, secret)
+        ranks, envs = engine_env.worker_environments(
+            hosts, addr, port, secret, bind_hosts=[d[1] for d in described],
+            extra=self.env_vars)
+        if self.gpus_per_worker:
+            _share_devices(hosts, ranks, [d[3] for d in described], envs)
+        order = sorted(range(len(actors)), key=lambda i: ranks[i])
+        self._workers = [actors[i] for i in order]
+        self._described = [described[i] for i in order]
+        envs = [envs[i] for i in order]
+        self._get([w.setup.remote(env, executable_cls, executable_args, executable_kwargs)
+                   for w, env in zip(self._workers, envs)], "take their environment")
+
+    def _get(self, refs, what):
+        try:
+            return ray.get(refs, timeout=self.start_timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"the {len(refs)} Ray workers did not {what} within "
+                               f"{self.start_timeout:g} s") from None
+
+    # -- running -----------------------------------------------------------
+    def run(self, fn, args=None, kwargs=None, timeout=None):
+        """Calls ``fn(*args, **kwargs)`` on every worker, at once.
+
+        Args:
+            fn: the function each rank runs (it calls ``hvd.init()``); Ray
+                pickles it, and what it returns, with cloudpickle.
+            args, kwargs: its arguments, the same on every rank.
+            timeout: seconds after which the job is stopped; None: no limit.
+
+        Returns:
+            A list of what ``fn`` returned, by rank.
+
+        Raises:
+            RuntimeError: the executor is not started (or a failed run
+                stopped it).
+            Exception: the exception that ``fn`` raised on a worker (the
+                worker's own type), with a note naming its rank, host and
+                traceback; its ``rank`` attribute is set when it can be.
+            WorkerLostError: a worker's actor died; names its rank.
+            TimeoutError: `timeout` passed.
+        """
+        return self._run(fn, args or (), kwargs or {}, False, timeout)
+
+    def execute(self, fn, timeout=None):
+        """Calls ``fn(executable)`` on every worker, `executable` being that
+        worker's instance of start()'s `executable_cls` (None without one).
+        Returns and raises as :meth:`run`."""
+        return self._run(fn, (), {}, True, timeout)
+
+    def execute_single(self, fn, timeout=None):
+        """:meth:`execute` on rank 0 only; returns its result. Only for
+        functions that do no collective (the other ranks are not in it)."""
+        self._check_running()
+        return self._collect([self._workers[0].execute.remote(fn, (), {}, True)], timeout)[0]
+
+    def _check_running(self):
+        if not self._workers:
+            why = f" (a run failed: {self._failure}; start() again)" if self._failure else \
+                " (call start() first)"
+            raise RuntimeError(f"this RayExecutor is not running{why}")
+
+    def _run(self, fn, args, kwargs, with_executable, timeout):
+        self._check_running()
+        refs = [w.execute.remote(fn, args, kwargs, with_executable) for w in self._workers]
+        return self._collect(refs, timeout)
+
+    def _collect(self, refs, timeout):
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results = [None] * len(refs)
+        pending = list(refs)
+        failures = []          # (rank, exception to raise)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        grace_until = None
+        while pending:
+            if grace_until is not None and time.monotonic() >= grace_until:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                late = format_ranks([rank_of[r] for r in pending])
+                self._fail(f"the run passed its timeout of {timeout:g} s")
+                raise TimeoutError(f"RayExecutor.run: ranks {late} had not finished after "
+                                   f"{timeout:g} s; the job was stopped")
+            ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL_SECONDS)
+            for ref in ready:
+                rank = rank_of[ref]
+                try:
+                    status, value = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    failures.append((rank, self._lost(rank, e)))
+                else:
+                    if status == "ok":
+                        results[rank] = value
+                    else:
+                        failures.append((rank, self._raised(rank, *value)))
+                if failures and grace_until is None:
+                    grace_until = time.monotonic() + FAILURE_GRACE_SECONDS
+        if not failures:
+            return results
+        rank, error = min(failures, key=lambda f: (_collateral(f[1]), f[0]))
+        self._fail(f"rank {rank}: {type(error).__name__}")
+        raise error
+
+    def _where(self, rank):
+        host, address, pid, _ = self._described[rank]
+        return f"rank {rank} (host {host}, {address}, pid {pid})"
+
+    def _lost(self, rank, error):
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return WorkerLostError(
+            f"{self._where(rank)} was lost: its Ray actor died ({type(error).__name__}"
+            f"{': ' + first if first else ''}); the job was stopped", rank)
+
+    def _raised(self, rank, payload, summary, text):
+        error = None
+        if payload is not None:
+            try:
+                error = ray.cloudpickle.loads(payload)
+            except Exception:  # noqa: BLE001 - its class may not exist here
+                error = None
+        note = f"tfring.ray: raised on {self._where(rank)}; its traceback:\n{text}"
+        if not isinstance(error, BaseException):
+            return RuntimeError(f"{self._where(rank)} raised {summary}\n{text}")
+        try:
+            error.rank = rank
+        except Exception:  # noqa: BLE001 - e.g. __slots__
+            pass
+        error.add_note(note)
+        return error
+
+    def _fail(self, why):
+        self._failure = why
+        self._teardown(graceful=False)
+
+    # -- stopping ----------------------------------------------------------
+    def shutdown(self):
+        """Stops tfring on every worker, ends the actors, frees the
+        placement group and stops the rendezvous store. Safe to call twice."""
+        self._teardown(graceful=True)
+
+    def _teardown(self, graceful):
+        workers, self._workers = self._workers, []
+        if graceful and workers:
+            try:
+                ray.wait([w.stop_tfring.remote() for w in workers], num_returns=len(workers),
+                         timeout=_STOP_SECONDS)
+            except Exception:  # noqa: BLE001 - an actor already gone
+                pass
+        for w in workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception:  # noqa: BLE001
+                pass
+            self._pg = None
+        if self._store is not None:
+            self._store.stop()
+            self._store = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+
+def _collateral(error):
+    """0 for a failure of its own, 1 for a rank that lost its peer (tfring's
+    AbortedError names the peer; the peer's own failure is the cause)."""
+    if isinstance(error, WorkerLostError):
+        return 0
+    return 1 if type(error).__name__ == "AbortedError" else 0
+
+
+def _share_devices(hosts, ranks, gpu_ids, envs):
+    """Makes every actor on a host see that host's reserved GPUs in rank
+    order, so that ``local_rank()`` indexes its own (Ray alone shows each
+    actor only its own, and every one would be device 0)."""
+    per_host = {}
+    for worker in sorted(range(len(hosts)), key=lambda w: ranks[w]):
+        per_host.setdefault(hosts[worker], []).extend(gpu_ids[worker])
+    for worker, env in enumerate(envs):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(per_host[hosts[worker]])
