@@ -77,3 +77,21 @@ def rank_lines(output, stream="stdout"):
         if m and (m.group(2) in (None, stream)):
             lines.append((int(m.group(1)), m.group(3)))
     return lines
+
+
+def live_pids(pids, wait=0.0):
+    """Those of `pids` that are still running (not zombies), after waiting up
+    to `wait` seconds for them all to end."""
+    import time
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + wait
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]

@@ -298,6 +298,14 @@ class RayExecutor:
         self._check_running()
         return self._collect([self._workers[0].execute.remote(fn, (), {}, True)], timeout)[0]
 
+    def workers(self):
+        """Where each rank runs, by rank: [{"rank", "host", "address", "pid"}]
+        ("host" is the name ranks are grouped by, "address" its node's
+        address as Ray knows it). Empty when not running."""
+        return [{"rank": rank, "host": host, "address": address, "pid": pid}
+                for rank, (host, address, pid, _) in enumerate(self._described)
+                if self._workers]
+
     def _check_running(self):
         if not self._workers:
             why = f" (a run failed: {self._failure}; start() again)" if self._failure else \

@@ -1,0 +1,22 @@
+"""A local Ray instance shared by the Ray tests (starting one takes ~15 s)."""
+import os
+
+import pytest
+
+from support import live_pids
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray instance with 4 logical CPUs (enough for 3 one-CPU
+    workers; the machine may have fewer cores: Ray's CPUs are only
+    bookkeeping). When the session ends it is shut down, and no process it
+    started may outlive it."""
+    ray = pytest.importorskip("ray")
+    from tfring.runner.supervisor import _descendants
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 << 20,
+             log_to_driver=False)
+    yield ray
+    started = _descendants([os.getpid()])
+    ray.shutdown()
+    assert not live_pids(started, wait=10.0), "Ray's processes outlived ray.shutdown()"
