@@ -1,0 +1,48 @@
+"""One rank of a ``tfring.spark.run`` job, in a process of its own.
+
+``python -m tfring.spark._task_main IN OUT``: IN holds the pickled
+(fn, args, kwargs); what fn returned, or the exception it raised, is
+written to OUT. The Spark task that starts this process has already set
+its environment (rank placement, rendezvous, secret). A process of its own
+per run, not the task's reused Python worker: tfring's state (an ended job,
+its scope counter) and TensorFlow's memory must not carry from one job to
+the next.
+"""
+import os
+import sys
+import traceback
+
+from pyspark import cloudpickle
+
+# The largest pickled exception sent back whole (the store's frames are 1 MB).
+MAX_ERROR_BYTES = 512 << 10
+
+
+def main(argv):
+    source, target = argv[1], argv[2]
+    with open(source, "rb") as f:
+        fn, args, kwargs = cloudpickle.load(f)
+    try:
+        outcome = ("ok", fn(*args, **kwargs))
+    except BaseException as e:  # noqa: BLE001 - handed to the driver, whatever it is
+        text = traceback.format_exc()
+        try:
+            payload = cloudpickle.dumps(e)
+            if len(payload) > MAX_ERROR_BYTES:
+                payload = None
+        except Exception:  # noqa: BLE001 - an exception that cannot travel
+            payload = None
+        outcome = ("error", (payload, f"{type(e).__name__}: {e}"[:2000], text[-20000:]))
+    try:
+        data = cloudpickle.dumps(outcome)
+    except Exception as e:  # noqa: BLE001 - a result that cannot travel
+        data = cloudpickle.dumps(("error", (None, f"the result cannot be pickled: {e}",
+                                            traceback.format_exc()[-20000:])))
+    with open(target + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(target + ".tmp", target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,258 @@
+"""``tfring.spark.run``: a tfring job whose ranks are the tasks of one Spark
+barrier stage.
+
+The driver serves the job's rendezvous store, with a fresh secret, and
+starts a barrier stage of `num_proc` tasks, which Spark starts together or
+not at all. Each task:
+
+1. learns its place from the barrier task context (its partition) and,
+   through ``allGather``, every task's host; the ranks are numbered host by
+   host from those (:mod:`tfring.runner.engine_env`, as for Ray);
+2. runs ``fn`` in a Python process of its own (:mod:`tfring.spark._task_main`)
+   with the rank's environment, secret included (never on a command line);
+3. returns (rank, result); a failure is written to the store as the pickled
+   exception, and the task fails, which fails the stage (Spark stops the
+   other tasks, and their processes die with them).
+
+The driver returns the results by rank, or raises the failing rank's own
+exception.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from pyspark import cloudpickle
+
+from tfring.runner import engine_env, launch, rendezvous, start_rendezvous, wire
+
+_SCOPE = "tfring-spark"
+_ERROR_PREFIX = "error/"
+# After a failed stage, how long the driver waits for a failed rank's report.
+_REPORT_SECONDS = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, timeout=None,
+        spark_context=None):
+    """Runs ``fn(*args, **kwargs)`` on `num_proc` Spark tasks that form one
+    tfring job (``fn`` calls ``hvd.init()``), and returns what each returned.
+
+    Args:
+        fn: the function every rank runs; pickled with cloudpickle (as are
+            its arguments and results).
+        args, kwargs: its arguments, the same on every rank.
+        num_proc: how many ranks (tasks); default: the context's
+            ``defaultParallelism``. The cluster must be able to run them all
+            at once (a barrier stage).
+        start_timeout: seconds the ranks wait for each other in ``init()``
+            (``TFRING_START_TIMEOUT``); default the core's.
+        env: variables every rank gets (e.g. tuning ``TFRING_*``).
+        timeout: seconds after which the Spark job is cancelled; None: no limit.
+        spark_context: default: the active SparkContext.
+
+    Returns:
+        The list of ``fn``'s results, by rank.
+
+    Raises:
+        RuntimeError: no active SparkContext; the job failed without a
+            rank's report (e.g. an executor was lost), or was cancelled.
+        ValueError: a bad `num_proc`.
+        Exception: the exception ``fn`` raised on a rank (its own type),
+            with a note naming the rank and its traceback, and its ``rank``
+            attribute set when it can be.
+
+    Example:
+        >>> from pyspark.sql import SparkSession
+        >>> spark = SparkSession.builder.master("local[2]").getOrCreate()
+        >>> def fn():
+        ...     import tfring.tensorflow as hvd
+        ...     hvd.init()
+        ...     return hvd.rank()
+        >>> tfring.spark.run(fn, num_proc=2)
+        [0, 1]
+    """
+    from pyspark import SparkContext
+    sc = spark_context or SparkContext._active_spark_context
+    if sc is None:
+        raise RuntimeError("tfring.spark.run needs an active SparkContext: create a "
+                           "SparkSession (or SparkContext) first")
+    if num_proc is None:
+        num_proc = sc.defaultParallelism
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"num_proc must be a whole number >= 1, got {num_proc!r}")
+    extra = {str(k): str(v) for k, v in (env or {}).items()}
+    if start_timeout is not None:
+        extra["TFRING_START_TIMEOUT"] = str(start_timeout)
+    extra.setdefault("TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+
+    local = sc.master.startswith("local")
+    # A local master runs every task on this machine: keep the job on loopback.
+    bind, advertise = ("127.0.0.1", "127.0.0.1") if local else (
+        "0.0.0.0", sc.getConf().get("spark.driver.host") or socket.gethostname())
+    secret = wire.generate_secret()
+    store, _, port = start_rendezvous(bind, 0, secret)
+    job = _TaskSpec(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), advertise, port,
+                    secret, "127.0.0.1" if local else "", extra, launch.fake_host_names())
+    group = f"tfring-{uuid.uuid4().hex[:12]}"
+    timer = None
+    try:
+        sc.setJobGroup(group, f"tfring.spark.run of {getattr(fn, '__name__', 'fn')} on "
+                              f"{num_proc} ranks", interruptOnCancel=True)
+        if timeout is not None:
+            timer = threading.Timer(timeout, sc.cancelJobGroup, args=(group,))
+            timer.daemon = True
+            timer.start()
+        started = time.monotonic()
+        try:
+            rows = (sc.parallelize(range(num_proc), num_proc).barrier()
+                    .mapPartitions(job.run_task).collect())
+        except Exception as e:  # noqa: BLE001 - py4j's and pyspark's errors alike
+            reported = _reported_failure(store, secret)
+            if reported is not None:
+                raise reported from None
+            if timeout is not None and time.monotonic() - started >= timeout:
+                raise RuntimeError(f"tfring.spark.run: the job ran past its timeout of "
+                                   f"{timeout:g} s and was cancelled") from e
+            raise RuntimeError(f"tfring.spark.run: the Spark job failed before any rank "
+                               f"reported an error: {_first_line(e)}") from e
+    finally:
+        if timer is not None:
+            timer.cancel()
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        store.stop()
+    results = [None] * num_proc
+    for rank, data in rows:
+        results[rank] = cloudpickle.loads(data)
+    return results
+
+
+def _first_line(error):
+    text = str(error).strip()
+    for line in text.splitlines():
+        if "Error" in line or "Exception" in line:
+            return line.strip()[:500]
+    return text.splitlines()[0][:500] if text else type(error).__name__
+
+
+def _reported_failure(store, secret):
+    """The exception to raise for what the ranks wrote to the store, or None."""
+    try:
+        with rendezvous.RendezvousClient(*store.address, secret, timeout=5.0) as client:
+            entries = client.wait_prefix(_SCOPE, _ERROR_PREFIX, 1, timeout=_REPORT_SECONDS)
+    except wire.WireError:
+        return None
+    reports = []
+    for _, value in entries:
+        try:
+            reports.append(cloudpickle.loads(value))
+        except Exception:  # noqa: BLE001 - a report this side cannot read
+            continue
+    if not reports:
+        return None
+    # A rank that lost its peer fails too (AbortedError naming the peer);
+    # the cause is the other one. Then the earliest.
+    report = min(reports, key=lambda r: (r["collateral"], r["time"], r["rank"]))
+    error = None
+    if report["payload"] is not None:
+        try:
+            error = cloudpickle.loads(report["payload"])
+        except Exception:  # noqa: BLE001 - its class may not exist on the driver
+            error = None
+    where = f"rank {report['rank']} (host {report['host']}, pid {report['pid']})"
+    if not isinstance(error, BaseException):
+        return RuntimeError(f"tfring.spark.run: {where} failed: {report['summary']}\n"
+                            f"{report['traceback']}")
+    try:
+        error.rank = report["rank"]
+    except Exception:  # noqa: BLE001 - e.g. __slots__
+        pass
+    error.add_note(f"tfring.spark: raised on {where}; its traceback:\n{report['traceback']}")
+    return error
+
+
+class _TaskSpec:
+    """What every task of the stage needs; pickled into the tasks."""
+
+    def __init__(self, payload, addr, port, secret, bind, extra, fake_hosts):
+        self.payload, self.addr, self.port, self.secret = payload, addr, port, secret
+        self.bind, self.extra, self.fake_hosts = bind, extra, fake_hosts
+
+    def _own_host(self, index):
+        if self.fake_hosts and index < len(self.fake_hosts):
+            return self.fake_hosts[index]
+        own = os.environ.get("TFRING_HOSTNAME", "")
+        return own if own and "," not in own else socket.gethostname()
+
+    def run_task(self, _partition):
+        from pyspark import BarrierTaskContext
+        ctx = BarrierTaskContext.get()
+        index = ctx.partitionId()
+        hosts = [json.loads(m) for m in ctx.allGather(json.dumps(self._own_host(index)))]
+        ranks, envs = engine_env.worker_environments(
+            hosts, self.addr, self.port, self.secret,
+            bind_hosts=[self.bind] * len(hosts), extra=self.extra)
+        rank = ranks[index]
+        status, value, pid = self._run_rank(envs[index])
+        if status == "ok":
+            return [(rank, cloudpickle.dumps(value))]
+        payload, summary, text = value
+        self._report(rank, hosts[index], pid, payload, summary, text)
+        raise RuntimeError(f"tfring.spark: rank {rank} (host {hosts[index]}, pid {pid}) "
+                           f"failed: {summary}")
+
+    def _run_rank(self, rank_env):
+        """Runs fn in a child process with `rank_env`; returns (status, value, pid)."""
+        with tempfile.TemporaryDirectory(prefix="tfring-spark-") as scratch:
+            source, target = os.path.join(scratch, "in"), os.path.join(scratch, "out")
+            with open(source, "wb") as f:
+                f.write(self.payload)
+            child = subprocess.Popen(
+                [sys.executable, "-m", "tfring.spark._task_main", source, target],
+                env=dict(os.environ, **rank_env), preexec_fn=_die_with_parent)
+            try:
+                code = child.wait()
+            except BaseException:
+                # The task is being stopped (Spark kills the stage's other
+                # tasks when one fails): the rank goes with it.
+                child.kill()
+                child.wait()
+                raise
+            if os.path.exists(target):
+                with open(target, "rb") as f:
+                    status, value = cloudpickle.loads(f.read())
+                return status, value, child.pid
+            what = (f"was killed by signal {-code} ({signal.Signals(-code).name})"
+                    if code < 0 else f"exited with code {code}")
+            return "error", (None, f"its process {what} before it returned", ""), child.pid
+
+    def _report(self, rank, host, pid, payload, summary, text):
+        report = {"rank": rank, "host": host, "pid": pid, "payload": payload,
+                  "summary": summary, "traceback": text, "time": time.time(),
+                  "collateral": summary.startswith("AbortedError")}
+        data = cloudpickle.dumps(report)
+        if len(data) > wire.MAX_FRAME - 4096:
+            report["payload"], report["traceback"] = None, text[-4000:]
+            data = cloudpickle.dumps(report)
+        try:
+            with rendezvous.RendezvousClient(self.addr, self.port, self.secret) as client:
+                client.set(_SCOPE, f"{_ERROR_PREFIX}{rank}", data)
+        except (OSError, wire.WireError):
+            pass  # the task's own failure still fails the job
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL it when the task's process dies
+    (Linux; elsewhere the task kills it when it is stopped)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
