@@ -1,7 +1,8 @@
 """One rank of a ``tfring.spark.run`` job, in a process of its own.
 
-``python -m tfring.spark._task_main IN OUT``: IN holds the pickled
-(fn, args, kwargs); what fn returned, or the exception it raised, is
+``python -m tfring.spark._task_main IN LEADING OUT``: IN holds the pickled
+(fn, args, kwargs), LEADING a pickled tuple of arguments that go first
+(the rank's partition, read by the task); what fn returned, or the exception it raised, is
 written to OUT. The Spark task that starts this process has already set
 its environment (rank placement, rendezvous, secret). A process of its own
 per run, not the task's reused Python worker: tfring's state (an ended job,
@@ -19,11 +20,13 @@ MAX_ERROR_BYTES = 512 << 10
 
 
 def main(argv):
-    source, target = argv[1], argv[2]
+    source, first, target = argv[1], argv[2], argv[3]
     with open(source, "rb") as f:
         fn, args, kwargs = cloudpickle.load(f)
+    with open(first, "rb") as f:
+        leading = cloudpickle.load(f)
     try:
-        outcome = ("ok", fn(*args, **kwargs))
+        outcome = ("ok", fn(*leading, *args, **kwargs))
     except BaseException as e:  # noqa: BLE001 - handed to the driver, whatever it is
         text = traceback.format_exc()
         try:

@@ -87,6 +87,21 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, t
         num_proc = sc.defaultParallelism
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"num_proc must be a whole number >= 1, got {num_proc!r}")
+    return run_on_partitions(sc.parallelize(range(num_proc), num_proc), fn, args, kwargs,
+                             start_timeout=start_timeout, env=env, timeout=timeout)
+
+
+def run_on_partitions(rdd, fn, args=(), kwargs=None, partition_args=None, start_timeout=None,
+                      env=None, timeout=None):
+    """:func:`run` with one rank per partition of `rdd`; with
+    `partition_args`, rank r calls ``fn(*partition_args(rows), *args, **kwargs)``,
+    `rows` being an iterator over its partition (read in the Spark task;
+    what it returns is pickled to the rank's process).
+
+    Returns and raises as :func:`run`.
+    """
+    sc = rdd.context
+    num_proc = rdd.getNumPartitions()
     extra = {str(k): str(v) for k, v in (env or {}).items()}
     if start_timeout is not None:
         extra["TFRING_START_TIMEOUT"] = str(start_timeout)
@@ -98,12 +113,13 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, t
         "0.0.0.0", sc.getConf().get("spark.driver.host") or socket.gethostname())
     secret = wire.generate_secret()
     store, _, port = start_rendezvous(bind, 0, secret)
-    job = _TaskSpec(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), advertise, port,
-                    secret, "127.0.0.1" if local else "", extra, launch.fake_host_names())
+    job = _TaskSpec(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), partition_args,
+                    advertise, port, secret, "127.0.0.1" if local else "", extra,
+                    launch.fake_host_names())
     group = f"tfring-{uuid.uuid4().hex[:12]}"
     timer = None
     try:
-        sc.setJobGroup(group, f"tfring.spark.run of {getattr(fn, '__name__', 'fn')} on "
+        sc.setJobGroup(group, f"tfring.spark of {getattr(fn, '__name__', 'fn')} on "
                               f"{num_proc} ranks", interruptOnCancel=True)
         if timeout is not None:
             timer = threading.Timer(timeout, sc.cancelJobGroup, args=(group,))
@@ -111,16 +127,15 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, t
             timer.start()
         started = time.monotonic()
         try:
-            rows = (sc.parallelize(range(num_proc), num_proc).barrier()
-                    .mapPartitions(job.run_task).collect())
+            rows = rdd.barrier().mapPartitions(job.run_task).collect()
         except Exception as e:  # noqa: BLE001 - py4j's and pyspark's errors alike
             reported = _reported_failure(store, secret)
             if reported is not None:
                 raise reported from None
             if timeout is not None and time.monotonic() - started >= timeout:
-                raise RuntimeError(f"tfring.spark.run: the job ran past its timeout of "
+                raise RuntimeError(f"tfring.spark: the job ran past its timeout of "
                                    f"{timeout:g} s and was cancelled") from e
-            raise RuntimeError(f"tfring.spark.run: the Spark job failed before any rank "
+            raise RuntimeError(f"tfring.spark: the Spark job failed before any rank "
                                f"reported an error: {_first_line(e)}") from e
     finally:
         if timer is not None:
@@ -180,8 +195,9 @@ def _reported_failure(store, secret):
 class _TaskSpec:
     """What every task of the stage needs; pickled into the tasks."""
 
-    def __init__(self, payload, addr, port, secret, bind, extra, fake_hosts):
-        self.payload, self.addr, self.port, self.secret = payload, addr, port, secret
+    def __init__(self, payload, partition_args, addr, port, secret, bind, extra, fake_hosts):
+        self.payload, self.partition_args = payload, partition_args
+        self.addr, self.port, self.secret = addr, port, secret
         self.bind, self.extra, self.fake_hosts = bind, extra, fake_hosts
 
     def _own_host(self, index):
@@ -190,16 +206,18 @@ class _TaskSpec:
         own = os.environ.get("TFRING_HOSTNAME", "")
         return own if own and "," not in own else socket.gethostname()
 
-    def run_task(self, _partition):
+    def run_task(self, partition):
         from pyspark import BarrierTaskContext
         ctx = BarrierTaskContext.get()
         index = ctx.partitionId()
+        leading = cloudpickle.dumps(tuple(self.partition_args(partition))
+                                    if self.partition_args is not None else ())
         hosts = [json.loads(m) for m in ctx.allGather(json.dumps(self._own_host(index)))]
         ranks, envs = engine_env.worker_environments(
             hosts, self.addr, self.port, self.secret,
             bind_hosts=[self.bind] * len(hosts), extra=self.extra)
         rank = ranks[index]
-        status, value, pid = self._run_rank(envs[index])
+        status, value, pid = self._run_rank(envs[index], leading)
         if status == "ok":
             return [(rank, cloudpickle.dumps(value))]
         payload, summary, text = value
@@ -207,14 +225,18 @@ class _TaskSpec:
         raise RuntimeError(f"tfring.spark: rank {rank} (host {hosts[index]}, pid {pid}) "
                            f"failed: {summary}")
 
-    def _run_rank(self, rank_env):
-        """Runs fn in a child process with `rank_env`; returns (status, value, pid)."""
+    def _run_rank(self, rank_env, leading):
+        """Runs fn in a child process with `rank_env`, `leading` (pickled) its
+        first arguments; returns (status, value, pid)."""
         with tempfile.TemporaryDirectory(prefix="tfring-spark-") as scratch:
-            source, target = os.path.join(scratch, "in"), os.path.join(scratch, "out")
+            source, first = os.path.join(scratch, "in"), os.path.join(scratch, "leading")
+            target = os.path.join(scratch, "out")
             with open(source, "wb") as f:
                 f.write(self.payload)
+            with open(first, "wb") as f:
+                f.write(leading)
             child = subprocess.Popen(
-                [sys.executable, "-m", "tfring.spark._task_main", source, target],
+                [sys.executable, "-m", "tfring.spark._task_main", source, first, target],
                 env=dict(os.environ, **rank_env), preexec_fn=_die_with_parent)
             try:
                 code = child.wait()
