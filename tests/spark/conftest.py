@@ -1,0 +1,48 @@
+"""A local Spark session shared by the Spark tests (starting one takes ~10 s)."""
+import os
+import sys
+
+import pytest
+
+from support import live_pids
+
+TASK_MARKER = b"tfring.spark._task_main"
+
+
+def rank_processes():
+    """Pids of the live processes that run a tfring.spark rank."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if TASK_MARKER in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return live_pids(found)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """SparkSession on local[2]: two task slots, so a barrier stage of two
+    ranks. Its executors run this interpreter."""
+    pytest.importorskip("pyspark")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    session = (SparkSession.builder.master("local[2]").appName("tfring-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("FATAL")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def no_rank_left_behind():
+    """Fails the test if a rank's process outlives it."""
+    yield
+    left = live_pids(rank_processes(), wait=10.0)
+    assert not left, f"rank processes outlived the job: {left}"
