@@ -151,6 +151,9 @@ setup(
     python_requires=">=3.9",
     # pybind11: its headers are needed by the on-import compile too.
     install_requires=["mpi4py>=4.1", "mpich", "cloudpickle", "numpy", "pybind11>=2.10"],
+    # The cluster engines, for tfring.ray and tfring.spark only; the core
+    # never imports them.
+    extras_require={"ray": ["ray>=2.9"], "spark": ["pyspark>=3.4"]},
     entry_points={"console_scripts": ["tfringrun = tfring.runner.launch:main"]},
     zip_safe=False,
 )

@@ -65,7 +65,8 @@ def main():
         trained = estimator.fit(train_df)
         predicted = trained.transform(val_df).select("label", "label__output").collect()
         correct = sum(int(np.argmax(row["label__output"]) == row["label"]) for row in predicted)
-        print(f"ranks={[r['rank'] for r in trained.ranks]} rows={[r['rows'] for r in trained.ranks]}")
+        print(f"ranks={[r['rank'] for r in trained.ranks]} "
+              f"rows={[r['rows'] for r in trained.ranks]}")
         print(f"train_accuracy={trained.history['accuracy'][-1]:.4f}")
         print(f"val_accuracy={correct / len(predicted):.4f}", flush=True)
     finally:

@@ -372,12 +372,7 @@ class RayExecutor:
         note = f"tfring.ray: raised on {self._where(rank)}; its traceback:\n{text}"
         if not isinstance(error, BaseException):
             return RuntimeError(f"{self._where(rank)} raised {summary}\n{text}")
-        try:
-            error.rank = rank
-        except Exception:  # noqa: BLE001 - e.g. __slots__
-            pass
-        error.add_note(note)
-        return error
+        return engine_env.attach_rank(error, rank, note)
 
     def _fail(self, why):
         self._failure = why

@@ -98,3 +98,22 @@ def worker_environments(hosts, rendezvous_addr, rendezvous_port, secret, bind_ho
         env[rank_wrapper.BIND_ENV] = (bind_hosts[worker] or "") if bind_hosts else ""
         envs.append({k: str(v) for k, v in env.items()})
     return ranks, envs
+
+
+def attach_rank(error, rank, note):
+    """Marks a worker's exception, re-raised on the driver, with where it
+    came from: its ``rank`` attribute, when it can take one, and `note`
+    (the rank, host and remote traceback), which Python prints with the
+    exception's own traceback. Returns `error`."""
+    try:
+        error.rank = rank
+    except Exception:  # noqa: BLE001 - e.g. a class with __slots__
+        pass
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python < 3.11 has no add_note(); the attribute is the same
+        try:
+            error.__notes__ = list(getattr(error, "__notes__", [])) + [note]
+        except Exception:  # noqa: BLE001
+            pass
+    return error

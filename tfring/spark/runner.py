@@ -184,12 +184,9 @@ def _reported_failure(store, secret):
     if not isinstance(error, BaseException):
         return RuntimeError(f"tfring.spark.run: {where} failed: {report['summary']}\n"
                             f"{report['traceback']}")
-    try:
-        error.rank = report["rank"]
-    except Exception:  # noqa: BLE001 - e.g. __slots__
-        pass
-    error.add_note(f"tfring.spark: raised on {where}; its traceback:\n{report['traceback']}")
-    return error
+    return engine_env.attach_rank(
+        error, report["rank"], f"tfring.spark: raised on {where}; its traceback:\n"
+                               f"{report['traceback']}")
 
 
 class _TaskSpec:
