@@ -113,9 +113,10 @@ def _train_rank(x, y, model_data, optimizer, loss, metrics, batch_size, epochs, 
         data = data.shuffle(len(x), seed=None if seed is None else seed + rank,
                             reshuffle_each_iteration=True)
     data = data.repeat().batch(batch_size)
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                 hvd.callbacks.MetricAverageCallback()]
     history = model.fit(data, steps_per_epoch=steps, epochs=epochs, verbose=verbose,
-                        shuffle=False, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                                   hvd.callbacks.MetricAverageCallback()])
+                        shuffle=False, callbacks=callbacks)
     result = {"rank": rank, "rows": int(len(x)), "steps_per_epoch": steps,
               "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
     if rank == 0:
