@@ -95,3 +95,16 @@ def live_pids(pids, wait=0.0):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+def import_extra(name):
+    """Imports the optional engine `name` (ray, pyspark) for its suite: a
+    skip where it is not installed, but a failure where
+    ``TFRING_REQUIRE_EXTRAS=1`` (CI, which installs the extras: a suite that
+    silently skipped there would prove nothing)."""
+    import importlib
+
+    import pytest
+    if os.environ.get("TFRING_REQUIRE_EXTRAS") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(name)

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from support import live_pids
+from support import import_extra, live_pids
 
 
 @pytest.fixture(scope="session")
@@ -12,7 +12,7 @@ def ray_cluster():
     workers; the machine may have fewer cores: Ray's CPUs are only
     bookkeeping). When the session ends it is shut down, and no process it
     started may outlive it."""
-    ray = pytest.importorskip("ray")
+    ray = import_extra("ray")
     from tfring.runner.supervisor import _descendants
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 << 20,
              log_to_driver=False)

@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from support import ROOT, live_pids, run_python, tfringrun
+from support import ROOT, import_extra, live_pids, run_python, tfringrun
 
-ray = pytest.importorskip("ray")
+ray = import_extra("ray")
 from tfring.ray import RayExecutor, WorkerLostError  # noqa: E402
 
 # Functions here run in the actors, which cannot import this test module:

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from support import live_pids
+from support import import_extra, live_pids
 
 TASK_MARKER = b"tfring.spark._task_main"
 
@@ -28,7 +28,7 @@ def rank_processes():
 def spark():
     """SparkSession on local[2]: two task slots, so a barrier stage of two
     ranks. Its executors run this interpreter."""
-    pytest.importorskip("pyspark")
+    import_extra("pyspark")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
     session = (SparkSession.builder.master("local[2]").appName("tfring-tests")

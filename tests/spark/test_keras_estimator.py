@@ -4,7 +4,9 @@ prediction column."""
 import numpy as np
 import pytest
 
-pytest.importorskip("pyspark")
+from support import import_extra
+
+import_extra("pyspark")
 tf = pytest.importorskip("tensorflow")
 from tfring.spark.keras import KerasEstimator  # noqa: E402
 

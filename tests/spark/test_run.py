@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from support import run_python
+from support import import_extra, run_python
 
-pyspark = pytest.importorskip("pyspark")
+pyspark = import_extra("pyspark")
 import tfring.spark  # noqa: E402
 
 # Functions here run in the ranks' processes, which cannot import this
