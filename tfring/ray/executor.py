@@ -245,9 +245,8 @@ class RayExecutor:
         self._store, addr, port = start_rendezvous(driver_address, 0, secret)
         ranks, envs = engine_env.worker_environments(
             hosts, addr, port, secret, bind_hosts=[d[1] for d in described],
-            extra=self.env_vars)
-        if self.gpus_per_worker:
-            _share_devices(hosts, ranks, [d[3] for d in described], envs)
+            extra=self.env_vars,
+            devices=[d[3] for d in described] if self.gpus_per_worker else None)
         order = sorted(range(len(actors)), key=lambda i: ranks[i])
         self._workers = [actors[i] for i in order]
         self._described = [described[i] for i in order]
@@ -421,14 +420,3 @@ def _collateral(error):
     if isinstance(error, WorkerLostError):
         return 0
     return 1 if type(error).__name__ == "AbortedError" else 0
-
-
-def _share_devices(hosts, ranks, gpu_ids, envs):
-    """Makes every actor on a host see that host's reserved GPUs in rank
-    order, so that ``local_rank()`` indexes its own (Ray alone shows each
-    actor only its own, and every one would be device 0)."""
-    per_host = {}
-    for worker in sorted(range(len(hosts)), key=lambda w: ranks[w]):
-        per_host.setdefault(hosts[worker], []).extend(gpu_ids[worker])
-    for worker, env in enumerate(envs):
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(per_host[hosts[worker]])

@@ -51,7 +51,7 @@ def place_ranks(hosts):
 
 
 def worker_environments(hosts, rendezvous_addr, rendezvous_port, secret, bind_hosts=None,
-                        extra=None):
+                        extra=None, devices=None):
     """The variables each worker sets before it calls ``init()``.
 
     Args:
@@ -65,6 +65,11 @@ def worker_environments(hosts, rendezvous_addr, rendezvous_port, secret, bind_ho
             address, as the engine knows it); None or "" for every interface.
         extra: variables every worker gets besides (user settings); the
             job's own variables win over them.
+        devices: per worker, the GPU ids the engine reserved for it, or
+            None. Every worker on a host then sees all of that host's, in
+            rank order (``CUDA_VISIBLE_DEVICES``), so that ``local_rank()``
+            indexes its own (an engine shows each worker only its own, and
+            every one would be device 0).
 
     Returns:
         (ranks, envs): ``ranks[i]`` is worker i's rank, ``envs[i]`` its
@@ -81,6 +86,12 @@ def worker_environments(hosts, rendezvous_addr, rendezvous_port, secret, bind_ho
     ranks, placement = place_ranks(hosts)
     if bind_hosts is not None and len(bind_hosts) != len(hosts):
         raise ValueError(f"{len(bind_hosts)} bind addresses for {len(hosts)} workers")
+    if devices is not None and len(devices) != len(hosts):
+        raise ValueError(f"{len(devices)} device lists for {len(hosts)} workers")
+    host_devices = {}
+    for worker in sorted(range(len(hosts)), key=lambda w: ranks[w]):
+        if devices is not None:
+            host_devices.setdefault(hosts[worker], []).extend(str(d) for d in devices[worker])
     # Every host counts as "remote" to tfringrun's placement rule: the driver
     # is not one of the hosts, and a host's name is all that identifies it.
     per_rank = launch.tcp_rank_env(placement, set(placement), "", [])
@@ -96,6 +107,8 @@ def worker_environments(hosts, rendezvous_addr, rendezvous_port, secret, bind_ho
         # were grouped by here.
         env["TFRING_HOSTNAME"] = hosts[worker]
         env[rank_wrapper.BIND_ENV] = (bind_hosts[worker] or "") if bind_hosts else ""
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(host_devices[hosts[worker]])
         envs.append({k: str(v) for k, v in env.items()})
     return ranks, envs
 
