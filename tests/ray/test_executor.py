@@ -188,6 +188,7 @@ def test_a_killed_actor_ends_the_run_within_10_s(executor, tmp_path):
     thread.join(30)
     assert not thread.is_alive(), "run() did not end after an actor was killed"
     assert outcome["ended"] - killed < 10, outcome["ended"] - killed
+    print(f"run() ended {outcome['ended'] - killed:.1f} s after the actor was killed")
     error = outcome.get("error")
     assert isinstance(error, WorkerLostError), outcome
     assert error.rank == 1
