@@ -11,12 +11,39 @@ the next.
 """
 import os
 import sys
+import time
 import traceback
 
 from pyspark import cloudpickle
 
 # The largest pickled exception sent back whole (the store's frames are 1 MB).
 MAX_ERROR_BYTES = 512 << 10
+SCOPE = "tfring-spark"
+ERROR_PREFIX = "error/"
+
+
+def report_failure(env, pid, payload, summary, text):
+    """Writes a rank's failure to the job's store (``error/<rank>``), where
+    the driver finds it after the Spark job failed. Best effort: the task's
+    own failure still fails the job."""
+    from tfring.runner import rendezvous, wire
+    rank = int(env["TFRING_RANK"])
+    report = {"rank": rank, "host": env.get("TFRING_HOSTNAME", "?"), "pid": pid,
+              "payload": payload, "summary": summary, "traceback": text, "time": time.time(),
+              # A rank whose peer failed fails too (AbortedError naming it):
+              # an echo of the cause, not the cause.
+              "collateral": summary.startswith("AbortedError")}
+    data = cloudpickle.dumps(report)
+    if len(data) > wire.MAX_FRAME - 4096:
+        report["payload"], report["traceback"] = None, text[-4000:]
+        data = cloudpickle.dumps(report)
+    try:
+        with rendezvous.RendezvousClient(env["TFRING_RENDEZVOUS_ADDR"],
+                                         int(env["TFRING_RENDEZVOUS_PORT"]),
+                                         wire.decode_secret(env[wire.SECRET_ENV])) as client:
+            client.set(SCOPE, f"{ERROR_PREFIX}{rank}", data)
+    except (OSError, wire.WireError):
+        pass
 
 
 def main(argv):
@@ -36,6 +63,10 @@ def main(argv):
         except Exception:  # noqa: BLE001 - an exception that cannot travel
             payload = None
         outcome = ("error", (payload, f"{type(e).__name__}: {e}"[:2000], text[-20000:]))
+        # Reported from here, while this rank is still in the job: its
+        # peers fail only once it has gone, so the cause is in the store
+        # before any echo of it.
+        report_failure(os.environ, os.getpid(), *outcome[1])
     try:
         data = cloudpickle.dumps(outcome)
     except Exception as e:  # noqa: BLE001 - a result that cannot travel

@@ -31,11 +31,12 @@ import uuid
 from pyspark import cloudpickle
 
 from tfring.runner import engine_env, launch, rendezvous, start_rendezvous, wire
+from tfring.spark import _task_main
 
-_SCOPE = "tfring-spark"
-_ERROR_PREFIX = "error/"
-# After a failed stage, how long the driver waits for a failed rank's report.
+# After a failed stage, how long the driver waits for a failed rank's report,
+# and then for the others' (the cause is chosen among them all).
 _REPORT_SECONDS = 5.0
+_MORE_REPORTS_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -158,9 +159,16 @@ def _first_line(error):
 
 def _reported_failure(store, secret):
     """The exception to raise for what the ranks wrote to the store, or None."""
+    scope, prefix = _task_main.SCOPE, _task_main.ERROR_PREFIX
     try:
         with rendezvous.RendezvousClient(*store.address, secret, timeout=5.0) as client:
-            entries = client.wait_prefix(_SCOPE, _ERROR_PREFIX, 1, timeout=_REPORT_SECONDS)
+            entries = client.wait_prefix(scope, prefix, 1, timeout=_REPORT_SECONDS)
+            while True:
+                try:
+                    entries = client.wait_prefix(scope, prefix, len(entries) + 1,
+                                                 timeout=_MORE_REPORTS_SECONDS)
+                except wire.WireTimeoutError:
+                    break
     except wire.WireError:
         return None
     reports = []
@@ -218,7 +226,8 @@ class _TaskSpec:
         if status == "ok":
             return [(rank, cloudpickle.dumps(value))]
         payload, summary, text = value
-        self._report(rank, hosts[index], pid, payload, summary, text)
+        if status == "died":  # a process that ended without a word reports nothing itself
+            _task_main.report_failure(envs[index], pid, payload, summary, text)
         raise RuntimeError(f"tfring.spark: rank {rank} (host {hosts[index]}, pid {pid}) "
                            f"failed: {summary}")
 
@@ -249,22 +258,7 @@ class _TaskSpec:
                 return status, value, child.pid
             what = (f"was killed by signal {-code} ({signal.Signals(-code).name})"
                     if code < 0 else f"exited with code {code}")
-            return "error", (None, f"its process {what} before it returned", ""), child.pid
-
-    def _report(self, rank, host, pid, payload, summary, text):
-        report = {"rank": rank, "host": host, "pid": pid, "payload": payload,
-                  "summary": summary, "traceback": text, "time": time.time(),
-                  "collateral": summary.startswith("AbortedError")}
-        data = cloudpickle.dumps(report)
-        if len(data) > wire.MAX_FRAME - 4096:
-            report["payload"], report["traceback"] = None, text[-4000:]
-            data = cloudpickle.dumps(report)
-        try:
-            with rendezvous.RendezvousClient(self.addr, self.port, self.secret) as client:
-                client.set(_SCOPE, f"{_ERROR_PREFIX}{rank}", data)
-        except (OSError, wire.WireError):
-            pass  # the task's own failure still fails the job
-
+            return "died", (None, f"its process {what} before it returned", ""), child.pid
 
 def _die_with_parent():
     """In the child before exec: SIGKILL it when the task's process dies
