@@ -81,3 +81,14 @@ def test_bad_settings_are_refused_before_any_job(digits):
         KerasEstimator(feature_cols=["features"], label_cols=["label"], epochs=0, **common)
     with pytest.raises(ValueError, match=r"no column\(s\) \['pixels'\]"):
         KerasEstimator(feature_cols=["pixels"], label_cols=["label"], **common).fit(train_df)
+
+
+def test_bad_data_fails_fit_with_the_tasks_own_error(spark, digits, no_rank_left_behind):
+    train_df, _ = digits
+    bad = train_df.limit(40).union(spark.createDataFrame([(9999, None, 1)], train_df.schema))
+    estimator = KerasEstimator(model=_model(), optimizer="sgd",
+                               loss="sparse_categorical_crossentropy", feature_cols=["features"],
+                               label_cols=["label"], num_proc=2, timeout=TIMEOUT)
+    with pytest.raises(ValueError, match="feature column 'features' holds a null") as info:
+        estimator.fit(bad)
+    assert info.value.rank in (0, 1)

@@ -22,6 +22,15 @@ SCOPE = "tfring-spark"
 ERROR_PREFIX = "error/"
 
 
+def pickled(error):
+    """`error` pickled, or None when it cannot travel (or is too large)."""
+    try:
+        payload = cloudpickle.dumps(error)
+    except Exception:  # noqa: BLE001 - an exception that cannot be pickled
+        return None
+    return payload if len(payload) <= MAX_ERROR_BYTES else None
+
+
 def report_failure(env, pid, payload, summary, text):
     """Writes a rank's failure to the job's store (``error/<rank>``), where
     the driver finds it after the Spark job failed. Best effort: the task's
@@ -56,12 +65,7 @@ def main(argv):
         outcome = ("ok", fn(*leading, *args, **kwargs))
     except BaseException as e:  # noqa: BLE001 - handed to the driver, whatever it is
         text = traceback.format_exc()
-        try:
-            payload = cloudpickle.dumps(e)
-            if len(payload) > MAX_ERROR_BYTES:
-                payload = None
-        except Exception:  # noqa: BLE001 - an exception that cannot travel
-            payload = None
+        payload = pickled(e)
         outcome = ("error", (payload, f"{type(e).__name__}: {e}"[:2000], text[-20000:]))
         # Reported from here, while this rank is still in the job: its
         # peers fail only once it has gone, so the cause is in the store

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 
 from pyspark import cloudpickle
@@ -215,13 +216,20 @@ class _TaskSpec:
         from pyspark import BarrierTaskContext
         ctx = BarrierTaskContext.get()
         index = ctx.partitionId()
-        leading = cloudpickle.dumps(tuple(self.partition_args(partition))
-                                    if self.partition_args is not None else ())
         hosts = [json.loads(m) for m in ctx.allGather(json.dumps(self._own_host(index)))]
         ranks, envs = engine_env.worker_environments(
             hosts, self.addr, self.port, self.secret,
             bind_hosts=[self.bind] * len(hosts), extra=self.extra)
         rank = ranks[index]
+        try:
+            leading = cloudpickle.dumps(tuple(self.partition_args(partition))
+                                        if self.partition_args is not None else ())
+        except Exception as e:
+            # Bad data in this partition: the driver raises this, not Spark's wrapper.
+            _task_main.report_failure(envs[index], os.getpid(), _task_main.pickled(e),
+                                      f"{type(e).__name__}: {e}"[:2000],
+                                      traceback.format_exc()[-20000:])
+            raise
         status, value, pid = self._run_rank(envs[index], leading)
         if status == "ok":
             return [(rank, cloudpickle.dumps(value))]
@@ -256,9 +264,16 @@ class _TaskSpec:
                 with open(target, "rb") as f:
                     status, value = cloudpickle.loads(f.read())
                 return status, value, child.pid
-            what = (f"was killed by signal {-code} ({signal.Signals(-code).name})"
+            what = (f"was killed by signal {-code} ({_signal_name(-code)})"
                     if code < 0 else f"exited with code {code}")
             return "died", (None, f"its process {what} before it returned", ""), child.pid
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown"
+
 
 def _die_with_parent():
     """In the child before exec: SIGKILL it when the task's process dies
