@@ -31,9 +31,9 @@ from tfring.runner import engine_env, launch, start_rendezvous, wire
 from tfring.runner.supervisor import format_ranks
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-# After the first failure, how long the other workers get to report theirs:
-# a worker that lost its peer fails too (AbortedError naming it), and the
-# cause, not that echo, is what .run should raise.
+# A worker that lost its peer fails too (AbortedError naming it), often
+# before Ray reports the peer's death: after such an echo, how long .run
+# waits for the cause (which is what it raises) before it stops the job.
 FAILURE_GRACE_SECONDS = 2.0
 _POLL_SECONDS = 0.1
 _STOP_SECONDS = 5.0
@@ -345,6 +345,9 @@ class RayExecutor:
                         failures.append((rank, self._raised(rank, *value)))
                 if failures and grace_until is None:
                     grace_until = time.monotonic() + FAILURE_GRACE_SECONDS
+            if any(not _collateral(error) for _, error in failures):
+                # A cause (not an echo of one) is known: stop now.
+                break
         if not failures:
             return results
         rank, error = min(failures, key=lambda f: (_collateral(f[1]), f[0]))
