@@ -337,22 +337,26 @@ class RayExecutor:
                 try:
                     status, value = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
-                    failures.append((rank, self._lost(rank, e)))
+                    failures.append((0, rank, lambda rank=rank, e=e: self._lost(rank, e)))
                 else:
                     if status == "ok":
                         results[rank] = value
                     else:
-                        failures.append((rank, self._raised(rank, *value)))
+                        # Unpickled only if chosen: a TensorFlow error would
+                        # import TensorFlow here first, which takes seconds.
+                        echo = 1 if value[1].startswith("AbortedError") else 0
+                        failures.append((echo, rank,
+                                         lambda rank=rank, v=value: self._raised(rank, *v)))
                 if failures and grace_until is None:
                     grace_until = time.monotonic() + FAILURE_GRACE_SECONDS
-            if any(not _collateral(error) for _, error in failures):
+            if any(echo == 0 for echo, _, _ in failures):
                 # A cause (not an echo of one) is known: stop now.
                 break
         if not failures:
             return results
-        rank, error = min(failures, key=lambda f: (_collateral(f[1]), f[0]))
-        self._fail(f"rank {rank}: {type(error).__name__}")
-        raise error
+        _, rank, make_error = min(failures, key=lambda f: (f[0], f[1]))
+        self._fail(f"rank {rank}")
+        raise make_error()
 
     def _where(self, rank):
         host, address, pid, _ = self._described[rank]
@@ -415,11 +419,3 @@ class RayExecutor:
 
     def __exit__(self, *exc):
         self.shutdown()
-
-
-def _collateral(error):
-    """0 for a failure of its own, 1 for a rank that lost its peer (tfring's
-    AbortedError names the peer; the peer's own failure is the cause)."""
-    if isinstance(error, WorkerLostError):
-        return 0
-    return 1 if type(error).__name__ == "AbortedError" else 0
