@@ -2,8 +2,8 @@
 
 ``python -m tfring.spark._task_main IN LEADING OUT``: IN holds the pickled
 (fn, args, kwargs), LEADING a pickled tuple of arguments that go first
-(the rank's partition, read by the task); what fn returned, or the exception it raised, is
-written to OUT. The Spark task that starts this process has already set
+(the rank's partition, read by the task); what fn returned, or the
+exception it raised, is written to OUT. The Spark task that starts this process has already set
 its environment (rank placement, rendezvous, secret). A process of its own
 per run, not the task's reused Python worker: tfring's state (an ended job,
 its scope counter) and TensorFlow's memory must not carry from one job to
@@ -11,48 +11,11 @@ the next.
 """
 import os
 import sys
-import time
 import traceback
 
 from pyspark import cloudpickle
 
-# The largest pickled exception sent back whole (the store's frames are 1 MB).
-MAX_ERROR_BYTES = 512 << 10
-SCOPE = "tfring-spark"
-ERROR_PREFIX = "error/"
-
-
-def pickled(error):
-    """`error` pickled, or None when it cannot travel (or is too large)."""
-    try:
-        payload = cloudpickle.dumps(error)
-    except Exception:  # noqa: BLE001 - an exception that cannot be pickled
-        return None
-    return payload if len(payload) <= MAX_ERROR_BYTES else None
-
-
-def report_failure(env, pid, payload, summary, text):
-    """Writes a rank's failure to the job's store (``error/<rank>``), where
-    the driver finds it after the Spark job failed. Best effort: the task's
-    own failure still fails the job."""
-    from tfring.runner import rendezvous, wire
-    rank = int(env["TFRING_RANK"])
-    report = {"rank": rank, "host": env.get("TFRING_HOSTNAME", "?"), "pid": pid,
-              "payload": payload, "summary": summary, "traceback": text, "time": time.time(),
-              # A rank whose peer failed fails too (AbortedError naming it):
-              # an echo of the cause, not the cause.
-              "collateral": summary.startswith("AbortedError")}
-    data = cloudpickle.dumps(report)
-    if len(data) > wire.MAX_FRAME - 4096:
-        report["payload"], report["traceback"] = None, text[-4000:]
-        data = cloudpickle.dumps(report)
-    try:
-        with rendezvous.RendezvousClient(env["TFRING_RENDEZVOUS_ADDR"],
-                                         int(env["TFRING_RENDEZVOUS_PORT"]),
-                                         wire.decode_secret(env[wire.SECRET_ENV])) as client:
-            client.set(SCOPE, f"{ERROR_PREFIX}{rank}", data)
-    except (OSError, wire.WireError):
-        pass
+from tfring.spark._report import pickled, report_failure
 
 
 def main(argv):

@@ -32,7 +32,7 @@ import uuid
 from pyspark import cloudpickle
 
 from tfring.runner import engine_env, launch, rendezvous, start_rendezvous, wire
-from tfring.spark import _task_main
+from tfring.spark import _report
 
 # After a failed stage, how long the driver waits for a failed rank's report,
 # and then for the others' (the cause is chosen among them all).
@@ -160,7 +160,7 @@ def _first_line(error):
 
 def _reported_failure(store, secret):
     """The exception to raise for what the ranks wrote to the store, or None."""
-    scope, prefix = _task_main.SCOPE, _task_main.ERROR_PREFIX
+    scope, prefix = _report.SCOPE, _report.ERROR_PREFIX
     try:
         with rendezvous.RendezvousClient(*store.address, secret, timeout=5.0) as client:
             entries = client.wait_prefix(scope, prefix, 1, timeout=_REPORT_SECONDS)
@@ -226,7 +226,7 @@ class _TaskSpec:
                                         if self.partition_args is not None else ())
         except Exception as e:
             # Bad data in this partition: the driver raises this, not Spark's wrapper.
-            _task_main.report_failure(envs[index], os.getpid(), _task_main.pickled(e),
+            _report.report_failure(envs[index], os.getpid(), _report.pickled(e),
                                       f"{type(e).__name__}: {e}"[:2000],
                                       traceback.format_exc()[-20000:])
             raise
@@ -235,7 +235,7 @@ class _TaskSpec:
             return [(rank, cloudpickle.dumps(value))]
         payload, summary, text = value
         if status == "died":  # a process that ended without a word reports nothing itself
-            _task_main.report_failure(envs[index], pid, payload, summary, text)
+            _report.report_failure(envs[index], pid, payload, summary, text)
         raise RuntimeError(f"tfring.spark: rank {rank} (host {hosts[index]}, pid {pid}) "
                            f"failed: {summary}")
 
