@@ -7,8 +7,8 @@ the same steps (replay()) and compare weights.
 
 Behaviour is set by the environment:
   ELASTIC_STEPS           total steps (default 30)
-  ELASTIC_KILL_WORKER     worker id that SIGKILLs itself ...
-  ELASTIC_KILL_STEP       ... before its allreduce of this step
+  ELASTIC_KILL            "worker:step,...": each listed worker SIGKILLs itself
+                          before its allreduce of that step
   ELASTIC_RAISE_WORKER    worker id that raises ValueError ...
   ELASTIC_RAISE_STEP      ... at this step
   ELASTIC_STEP_SLEEP      seconds to sleep in each step (lets a test act mid-run)
@@ -98,7 +98,7 @@ def main():
     def train(state):
         while state.step < steps:
             s, n, r = state.step, hvd.size(), hvd.rank()
-            if wid == env("ELASTIC_KILL_WORKER") and s == int(env("ELASTIC_KILL_STEP", "-1")):
+            if f"{wid}:{s}" in env("ELASTIC_KILL", "").split(","):
                 os.kill(os.getpid(), signal.SIGKILL)
             if wid == env("ELASTIC_RAISE_WORKER") and s == int(env("ELASTIC_RAISE_STEP", "-1")):
                 raise ValueError(f"bad batch at step {s}")

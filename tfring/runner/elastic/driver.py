@@ -61,6 +61,9 @@ _RESET_GRACE = 2.0
 _POLL = 0.05
 _GRACE = 3.0
 _LOCAL = "\0local"  # the key of every name of this machine
+# A worker waits for a round this much longer than the driver waits for
+# workers, so that the driver, which knows why, is the one that gives up.
+_WORKER_MARGIN = 30.0
 
 
 class DriverError(Exception):
@@ -319,7 +322,8 @@ class Driver:
         env = dict(self.env)
         env.update({
             "TFRING_CONTROLLER": "tcp", protocol.ELASTIC_ENV: "1",
-            protocol.WORKER_ENV: str(wid), protocol.TIMEOUT_ENV: f"{self.elastic_timeout:g}",
+            protocol.WORKER_ENV: str(wid),
+            protocol.TIMEOUT_ENV: f"{self.elastic_timeout + _WORKER_MARGIN:g}",
             rank_wrapper.RANK_ENV: str(wid), rank_wrapper.TOKEN_ENV: self.token,
             "TFRING_RENDEZVOUS_ADDR": self.advertise_host,
             "TFRING_RENDEZVOUS_PORT": str(self.store.address[1]),
