@@ -68,7 +68,7 @@ class CommitStateCallback(tf.keras.callbacks.Callback):
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
 
-    def on_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch, logs=None):
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
             self.state.commit()
@@ -83,11 +83,11 @@ class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
     """Keeps ``state.batch`` at the number of batches done in the current
     epoch (0 at an epoch's end). Put it before :class:`CommitStateCallback`.
 
-    When ``fit`` starts again after a reset with ``state.batch > 0``, the
-    first epoch is shortened by the batches already done: the callback stops
-    it after its remaining batches (the model sees the rest of that epoch's
-    data only if the input pipeline skips ``state.batch`` batches, which is
-    the script's part; see docs/elastic.md).
+    Keras 3 cannot start ``fit`` in the middle of an epoch, so to resume at
+    ``state.batch > 0`` the training function first finishes that epoch
+    with a ``fit`` of ``steps - state.batch`` steps on the data that epoch
+    has not seen (docs/elastic.md shows it); the batches done before it
+    started are counted here, so ``state.batch`` stays the epoch's position.
 
     Args:
         state: a state with a ``batch`` attribute.
@@ -105,11 +105,8 @@ class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
         # Batches done before this fit() started count towards this epoch.
         self._offset = self.state.batch
 
-    def on_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch, logs=None):
         self.state.batch = self._offset + batch + 1
-        steps = self.params.get("steps") if self.params else None
-        if steps and self._offset and self.state.batch >= steps:
-            self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
         self.state.batch = 0
