@@ -89,6 +89,28 @@ def test_added_worker_starts_from_the_committed_state(tmp_path):
     _check_reference(weights, [2] * grow_at + [3] * (steps - grow_at))
 
 
+def test_removed_slot_worker_leaves_at_a_commit_without_rollback(tmp_path):
+    steps = 30
+    env = {"ELASTIC_STEPS": str(steps), "ELASTIC_STEP_SLEEP": "0.3"}
+    with ElasticJob(tmp_path, "localhost:3", WORKER, 3, 2, 3, env=env) as job:
+        job.wait_for(r"\]<stdout>:SIZE 4 3", timeout=180)
+        job.set_hosts("localhost:2")
+        code, output = job.finish()
+    assert "worker 2 (on localhost, rank 2) leaves: its host lists fewer slots" in output
+    assert "worker 2 was removed by the elastic driver in round 2; leaving the job" in output
+    assert "worker 2 (on localhost, rank 2) left" in output
+    weights = _check_finished(job, code, output, [0, 1])
+    resets = _lines(output, "RESET")
+    assert sorted(w for w, _ in resets) == [0, 1], output[-8000:]
+    assert len({tuple(f) for _, f in resets}) == 1, resets
+    at, size = map(int, resets[0][1])
+    assert size == 2 and at >= 5
+    # No rollback: every step ran once, the ones before the change at size 3.
+    sizes = {int(f[0]): int(f[1]) for _, f in _lines(output, "SIZE")}
+    assert [sizes[s] for s in range(steps)] == [3] * at + [2] * (steps - at), sizes
+    _check_reference(weights, [3] * at + [2] * (steps - at))
+
+
 def test_ordinary_exception_ends_the_job_naming_it(tmp_path):
     env = {"ELASTIC_STEPS": "20", "ELASTIC_RAISE_WORKER": "1", "ELASTIC_RAISE_STEP": "3"}
     with ElasticJob(tmp_path, "localhost:2", WORKER, 2, 1, 2, env=env) as job:

@@ -280,7 +280,10 @@ def run_fn(func, reset, is_internal_error):
                         raise
                     _roll_back(state)
                     needs_reset = True
-        except (WorkerRemovedInterrupt, KeyboardInterrupt):
+        except WorkerRemovedInterrupt as e:
+            print(f"tfring: {e.message}; leaving the job", file=sys.stderr, flush=True)
+            raise
+        except KeyboardInterrupt:
             raise
         except BaseException as e:
             if not isinstance(e, SystemExit) or e.code not in (0, None):

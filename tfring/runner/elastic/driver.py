@@ -505,7 +505,7 @@ class Driver:
         ready = sorted((w for w in live if w.announced), key=lambda w: w.wid)
         starting = [w for w in live if not w.announced]
         reset_asked = self.reset_seen is not None
-        if (set(w.wid for w in ready) == set(self.members) and not reset_asked
+        if (self.round and set(w.wid for w in ready) == set(self.members) and not reset_asked
                 and not any(w.leaving and w.alive() and w.wid in self.members
                             for w in self.workers.values())):
             self.dirty = bool(starting)
