@@ -98,3 +98,47 @@ def test_driver_killed_leaves_no_worker_behind(tmp_path):
         job.wait_for(r"JOINED 1 2 1")
         job.kill()  # SIGKILL to tfringrun: the wrappers see it go and stop their workers
         assert leftovers(job, wait=15) == []
+
+
+def test_elastic_worker_under_mpi_is_refused():
+    from support import run_python
+    result = run_python("import tfring.tensorflow as hvd; hvd.init()",
+                        env={"TFRING_ELASTIC": "1", "TFRING_CONTROLLER": "mpi"})
+    assert result.returncode != 0
+    assert ("elastic training (TFRING_ELASTIC=1) runs over the TCP controller only: MPI "
+            "cannot lose a rank.") in result.stderr
+
+
+# A worker that starts the TCP controller and reports where it ended up.
+PLACED = textwrap.dedent("""
+    import os, socket
+    import tensorflow as tf
+    import tfring.tensorflow as hvd
+    hvd.init()
+    total = int(hvd.allreduce(tf.constant(1), op=hvd.Sum).numpy())
+    print("PLACED", hvd.rank(), hvd.size(), hvd.local_rank(), total,
+          os.environ.get("TFRING_HOSTNAME", socket.gethostname()), flush=True)
+""")
+
+
+def test_workers_on_other_hosts_start_over_ssh(tmp_path):
+    from test_launch_tcp import FAKE_SSH
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH.format(python=sys.executable))
+    (bin_dir / "ssh").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_SSH_LOG": str(tmp_path / "ssh.log"), "FAKE_SSH_HOSTS": "fake-a,fake-b"}
+    job = ElasticJob(tmp_path, "localhost:1\nfake-a:2", [sys.executable, "-c", PLACED], 3, 3, 3,
+                     extra=["--network-interfaces", "lo"], env=env, timeout=180)
+    with job:
+        code, output = job.finish()
+    assert code == 0, output
+    placed = sorted(text.split()[1:] for _, text in rank_lines(output)
+                    if text.startswith("PLACED"))
+    import socket
+    assert placed == [["0", "3", "0", "3", socket.gethostname()], ["1", "3", "0", "3", "fake-a"],
+                      ["2", "3", "1", "3", "fake-a"]], output
+    calls = (tmp_path / "ssh.log").read_text().splitlines()
+    assert len(calls) == 2 and all('"fake-a"' in c for c in calls), calls
+    assert leftovers(job) == []

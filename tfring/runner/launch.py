@@ -593,7 +593,8 @@ def _launch_elastic(args, command, extra_env, given):
             env=dict(os.environ, **env), bind_host=bind, advertise_host=advertise,
             timeout=args.timeout, start_timeout=args.start_timeout,
             prefix_output=args.prefix_output, output_dir=output_dir, verbose=args.verbose,
-            ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file)
+            ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+            interfaces=interfaces)
     except (driver_mod.DriverError, hosts_mod.HostSpecError, OSError,
             subprocess.TimeoutExpired) as e:
         return _fail(str(e), 2)

@@ -156,6 +156,7 @@ class Driver:
         timeout: stop the whole job after this many seconds (exit 124).
         prefix_output, output_dir, verbose: as for tfringrun.
         ssh_port, ssh_identity_file: for workers on other hosts.
+        interfaces: --network-interfaces, resolved on each remote host.
         discovery_interval: seconds between runs of the discovery script.
     """
 
@@ -163,7 +164,8 @@ class Driver:
                  elastic_timeout=600.0, reset_limit=None, cooldown_range=None, env=None,
                  bind_host="127.0.0.1", advertise_host="127.0.0.1", timeout=None,
                  start_timeout=30.0, prefix_output=True, output_dir=None, verbose=False,
-                 ssh_port=None, ssh_identity_file=None, discovery_interval=DISCOVERY_INTERVAL):
+                 ssh_port=None, ssh_identity_file=None, interfaces=(),
+                 discovery_interval=DISCOVERY_INTERVAL):
         if not 1 <= min_np <= np <= max_np:
             raise DriverError(f"need 1 <= --min-np ({min_np}) <= -np ({np}) <= --max-np "
                               f"({max_np})")
@@ -181,6 +183,7 @@ class Driver:
         self.start_timeout = start_timeout
         self.prefix_output, self.output_dir, self.verbose = prefix_output, output_dir, verbose
         self.ssh_port, self.ssh_identity_file = ssh_port, ssh_identity_file
+        self.interfaces = list(interfaces)
         self.discovery_interval = discovery_interval
 
         self.workers = {}            # wid -> _Worker
@@ -329,6 +332,15 @@ class Driver:
             "TFRING_RENDEZVOUS_PORT": str(self.store.address[1]),
             wire.SECRET_ENV: wire.encode_secret(self.secret),
             rank_wrapper.BIND_ENV: self.bind_host if worker.local else ""})
+        if not worker.local and self.interfaces:
+            # Resolved by the wrapper on that host: addresses differ per host.
+            env[rank_wrapper.INTERFACES_ENV] = ",".join(self.interfaces)
+        if not worker.local:
+            # The worker registers under the name the driver numbered its
+            # slots by, so two names of one machine cannot share a slot.
+            env["TFRING_HOSTNAME"] = name
+        elif "," in env.get("TFRING_HOSTNAME", ""):
+            env.pop("TFRING_HOSTNAME")  # per-rank fake names mean nothing here
         for name_ in ("TFRING_SIZE", "TFRING_LOCAL_SLOT", "TFRING_HOST_ORDER",
                       "TFRING_RENDEZVOUS_SCOPE", "TFRING_RENDEZVOUS_SERVE"):
             env.pop(name_, None)
