@@ -99,10 +99,10 @@ def train(state):
     if state.batch:  # finish the epoch a failure cut short
         model.fit(batches(state.epoch, state.batch), steps_per_epoch=STEPS - state.batch,
                   initial_epoch=state.epoch, epochs=state.epoch + 1, callbacks=callbacks,
-                  verbose=0)
+                  shuffle=False, verbose=0)  # the generator shuffles
     if state.epoch < args.epochs:
         model.fit(batches(state.epoch, 0), steps_per_epoch=STEPS, initial_epoch=state.epoch,
-                  epochs=args.epochs, callbacks=callbacks, verbose=0)
+                  epochs=args.epochs, callbacks=callbacks, shuffle=False, verbose=0)
 
 
 train(state)

@@ -215,9 +215,11 @@ class Driver:
     def _say(self, message):
         print(f"tfringrun: {message}", file=sys.stderr, flush=True)
 
-    def _event(self, text):
+    def _event(self, text, always=False):
+        """Records what happened; says it with --verbose, or when `always`
+        (the changes a user must see: lost and leaving workers, new rounds)."""
         self.events.append((time.monotonic(), text))
-        if self.verbose:
+        if self.verbose or always:
             self._say(text)
 
     def _fail(self, code, message):
@@ -291,7 +293,7 @@ class Driver:
             for w in mine[listed:] if len(mine) > listed else []:
                 w.leaving = True
                 self.dirty = True
-                self._event(f"{w.name()} leaves: its host lists fewer slots")
+                self._event(f"{w.name()} leaves: its host lists fewer slots", always=True)
         if self.succeeded_at is not None or self.outcome is not None:
             return
         live = [w for w in self.workers.values() if w.alive() and not w.leaving]
@@ -435,7 +437,7 @@ class Driver:
         was_member = worker.wid in self.members
         if code == 0:
             if worker.leaving:
-                self._event(f"{worker.name()} left")
+                self._event(f"{worker.name()} left", always=True)
             elif self.outcome is None:
                 self._event(f"{worker.name()} finished")
                 if self.succeeded_at is None:
@@ -452,7 +454,7 @@ class Driver:
         if self.succeeded_at is not None:
             self._say(f"{worker.name()} {words} after the job finished")
             return
-        self._event(f"{worker.name()} {words}; lost")
+        self._event(f"{worker.name()} {words}; lost", always=True)
         self.dirty = True
         key = worker.key
         if not worker.leaving:
@@ -577,7 +579,7 @@ class Driver:
         self.reset_seen = None
         placed = ", ".join(f"{wid}->rank {m['rank']}" for wid, m in members.items())
         self._event(f"round {self.round}: {len(members)} workers ({placed})"
-                    + (f"; {len(removed)} leaving" if removed else ""))
+                    + (f"; {len(removed)} leaving" if removed else ""), always=previous > 0)
 
     # -- stopping --------------------------------------------------------------
     def _stop_all(self):
