@@ -1,4 +1,4 @@
-"""An elastic Keras model.fit script for tests/keras/test_elastic.py.
+"""An elastic Keras model.fit script for tests/keras/test_keras_elastic.py.
 
 KerasState + CommitStateCallback/UpdateBatchStateCallback/
 UpdateEpochStateCallback; data batch (epoch, batch) of rank r out of n is a

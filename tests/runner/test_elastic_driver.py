@@ -142,3 +142,16 @@ def test_workers_on_other_hosts_start_over_ssh(tmp_path):
     calls = (tmp_path / "ssh.log").read_text().splitlines()
     assert len(calls) == 2 and all('"fake-a"' in c for c in calls), calls
     assert leftovers(job) == []
+
+
+def test_worker_that_never_reaches_init_is_stopped(tmp_path):
+    job = ElasticJob(tmp_path, "localhost:1",
+                     [sys.executable, "-c", "import time; time.sleep(300)"], 1, 1, 1,
+                     extra=["--start-timeout", "2", "--elastic-timeout", "2"], timeout=120)
+    with job:
+        code, output = job.finish()
+    assert code == 1, output
+    assert ("worker 0 (on localhost) did not reach init() within 4 s (--start-timeout + "
+            "--elastic-timeout); stopping it") in output
+    assert "gave up after --elastic-timeout 2 s waiting for 1 more worker slot(s)" in output
+    assert leftovers(job) == []

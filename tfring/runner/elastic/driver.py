@@ -29,7 +29,9 @@ Policy:
 * Each round after the first is a reset; more than ``--reset-limit`` ends
   the job.
 * Below ``--min-np`` the driver waits for slots, up to
-  ``--elastic-timeout``, then fails naming what it waited for.
+  ``--elastic-timeout``, then fails naming what it waited for. A worker
+  that has not reached ``init()`` after ``--start-timeout`` plus
+  ``--elastic-timeout`` is stopped (and counts as lost).
 * The job succeeds when a worker finishes with code 0; the others then get
   ``--elastic-timeout`` to finish too.
 
@@ -121,6 +123,7 @@ class _Worker:
         self.code = None          # exit code once ended (<0: signal)
         self.leaving = False      # removed by the discovery script
         self.announced = False    # it reached init() and asked to join
+        self.stopping = False     # the driver stopped it for not starting
         self.rank = None
         self.spawned_at = time.monotonic()
         self.proc_ended_at = None
@@ -471,6 +474,20 @@ class Driver:
             self._say(f"{self._host_name(key)} lost {self.failures[key]} workers; it gets no "
                       f"new workers {how}")
 
+    def _check_starting(self):
+        """Stops workers that never reached init(): they count as lost."""
+        limit = self.start_timeout + self.elastic_timeout
+        now = time.monotonic()
+        for w in self.workers.values():
+            if (w.alive() and not w.announced and not w.stopping and w.proc is not None
+                    and now - w.spawned_at > limit):
+                w.stopping = True
+                self._say(f"{w.name()} did not reach init() within {limit:g} s "
+                          "(--start-timeout + --elastic-timeout); stopping it")
+                if w.conn is not None:
+                    self._send(w.conn, rank_wrapper.STOP)
+                _signal_group(w.proc.pid, signal.SIGTERM)
+
     def _check_processes(self):
         now = time.monotonic()
         for worker in self.workers.values():
@@ -526,17 +543,20 @@ class Driver:
             self.waiting_since = None
             return
         if len(ready) < self.min_np or (self.round == 0 and starting):
-            # Below min-np, or the first round still waits for its workers.
+            if len(ready) + len(starting) >= self.min_np:
+                # Enough workers are on their way (the first round waits for
+                # all of them); _check_starting bounds how long they take.
+                self.waiting_since = None
+                return
+            # Short of slots: the elastic timeout runs.
             now = time.monotonic()
             if self.waiting_since is None:
                 self.waiting_since = now
-                if len(ready) + len(starting) < self.min_np:
-                    self._say(self._shortfall("waiting for"))
+                self._say(self._shortfall("waiting for"))
             elif now - self.waiting_since > self.elastic_timeout:
                 self._fail(1, self._shortfall(f"gave up after --elastic-timeout "
                                               f"{self.elastic_timeout:g} s waiting for"))
-            if len(ready) < self.min_np or now - self.waiting_since <= self.elastic_timeout:
-                return
+            return
         if self.round and self.reset_limit is not None and self.resets >= self.reset_limit:
             self._fail(1, f"the job reached --reset-limit {self.reset_limit} ({self.resets} "
                           "resets) and needs another one; stopping the job.")
@@ -677,6 +697,7 @@ class Driver:
                 except DriverError as e:
                     self._say(f"{e}; keeping the last host list")
             self._poll_store()
+            self._check_starting()
             self._publish_if_needed()
         return self.outcome[0]
 
