@@ -40,6 +40,12 @@ def _is_internal_error(exc):
     return bool(core.communication_broken()) or not core.is_initialized()
 
 
+def _broadcast(variables):
+    # In place, one eager op per variable: a reset (and a new worker's first
+    # sync) then traces no function, which costs seconds on a busy machine.
+    functions.broadcast_variables(variables, root_rank=0, inplace=True)
+
+
 def _reset():
     basics.shutdown()
     basics.init()
@@ -158,7 +164,7 @@ class TensorFlowState(ObjectState):
         super().restore()
 
     def sync(self):
-        functions.broadcast_variables(self.variables, root_rank=0)
+        _broadcast(self.variables)
         self._save_variables()
         super().sync()
 
@@ -214,7 +220,7 @@ class TensorFlowKerasState(ObjectState):
         super().restore()
 
     def sync(self):
-        functions.broadcast_variables(self._variables(), root_rank=0)
+        _broadcast(self._variables())
         self._save_variables()
         super().sync()
 
