@@ -155,3 +155,15 @@ def test_worker_that_never_reaches_init_is_stopped(tmp_path):
             "--elastic-timeout); stopping it") in output
     assert "gave up after --elastic-timeout 2 s waiting for 1 more worker slot(s)" in output
     assert leftovers(job) == []
+
+
+def test_exception_outside_elastic_run_ends_the_job_naming_it(tmp_path):
+    script = JOINER + "\nraise RuntimeError('no elastic.run here')\n"
+    job = ElasticJob(tmp_path, "localhost:2", [sys.executable, "-c", script], 2, 2, 2,
+                     timeout=120)
+    with job:
+        code, output = job.finish()
+    assert code == 1, output
+    assert "raised RuntimeError: no elastic.run here; stopping the job." in output, output
+    assert "round 2" not in output
+    assert leftovers(job) == []

@@ -94,6 +94,7 @@ class _Membership:
             timeout = float(os.environ.get(protocol.TIMEOUT_ENV) or DEFAULT_TIMEOUT)
         wid = self.worker_id
         deadline = time.monotonic() + timeout
+        _install_excepthook()
         with self.lock:
             if self.round == 0:
                 # Tells the driver this worker is up: a round that waits for
@@ -161,6 +162,24 @@ class _Membership:
 
 
 _membership = _Membership()
+_hook_installed = False
+
+
+def _install_excepthook():
+    """Reports an uncaught exception to the driver, so that a script that
+    dies outside ``elastic.run`` ends the job with its exception named
+    instead of looking like a lost worker."""
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    previous = sys.excepthook
+
+    def report(exc_type, exc, tb):
+        if not issubclass(exc_type, (KeyboardInterrupt, WorkerRemovedInterrupt)):
+            _membership.report_error(exc)
+        previous(exc_type, exc, tb)
+    sys.excepthook = report
 
 
 def join_round():
