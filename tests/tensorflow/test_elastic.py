@@ -168,3 +168,20 @@ def test_autotune_and_elastic_together(tmp_path):
         code, output = job.finish()
     assert "round 2: 2 workers (1->rank 0, 2->rank 1)" in output, output[-8000:]
     _check_finished(job, code, output, [1, 2])
+
+
+def test_keras_state_builds_an_unbuilt_optimizer_so_its_slots_are_synced():
+    # A new worker's optimizer has not stepped yet: without building it, its
+    # variable list would be shorter than its peers' and the sync would fail.
+    from support import run_python
+    code = (
+        "import tensorflow as tf\n"
+        "from tfring.tensorflow.elastic import TensorFlowKerasState\n"
+        "m = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])\n"
+        "o = tf.keras.optimizers.SGD(0.1, momentum=0.9)\n"
+        "s = TensorFlowKerasState(m, o, step=0)\n"
+        "names = sorted(v.path if hasattr(v, 'path') else v.name for v in s._variables())\n"
+        "print('SLOTS', sum('momentum' in n for n in names), len(names))\n")
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "SLOTS 2 " in result.stdout, result.stdout + result.stderr

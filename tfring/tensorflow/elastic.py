@@ -200,9 +200,14 @@ class TensorFlowKerasState(ObjectState):
         opt = self.optimizer
         if opt is not None:
             inner = getattr(opt, "_optimizer", opt)
-            # A Keras 3 optimizer makes its slots on build; a worker that has
-            # not stepped yet builds them now so that the broadcast fills them.
-            if hasattr(inner, "built") and not inner.built and hasattr(inner, "build"):
+            # Keras 3 and tf_keras optimizers make their slots on build (tf_keras
+            # records it as _built); a worker that has not stepped yet builds
+            # them now so that the broadcast fills them. A legacy OptimizerV2
+            # makes slots only on its first step: build it before the state.
+            built = getattr(inner, "built", None)
+            if built is None:
+                built = getattr(inner, "_built", False)
+            if not built and hasattr(inner, "build"):
                 inner.build(self.model.trainable_variables)
             variables += [v for v in opt.variables if all(v is not m for m in variables)]
         return variables
