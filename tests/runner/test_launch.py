@@ -417,7 +417,7 @@ def test_start_timeout_names_the_missing_ranks(capsys):
     (["-np", "2", "--gloo", "--mpi-args", "-v", "true"], "--mpi-args needs MPI"),
     (["-np", "2", "--tcp", "--mpi", "true"], "not allowed with argument"),
     (["-np", "2", "--bogus", "true"], "unrecognized arguments: --bogus"),
-    (["-np", "2", "--min-np", "1", "true"], "elastic training (--min-np) is not supported"),
+    (["-np", "2", "--min-np", "1", "true"], "--min-np need --host-discovery-script"),
     (["-np", "4", "-H", "localhost:2", "true"], "-np 4 needs more slots than the 2"),
     (["true"], "-np is required"),
     (["-np", "2"], "no command given"),

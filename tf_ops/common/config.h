@@ -68,6 +68,11 @@ struct Config {
   double heartbeat_seconds = 1.0;
   // Bound on the whole start-up (registration, waiting for every rank, connecting).
   double start_timeout_s = 30.0;
+  // The store scope this rank registers in (TFRING_RENDEZVOUS_SCOPE). Empty:
+  // a fresh "job/<n>" per init() of this process. An elastic driver names
+  // each round's scope, because the processes of a round have each started
+  // a different number of times and no per-process counter agrees.
+  std::string rendezvous_scope;
 
   // The host name this rank uses for topology, given the job-wide rank.
   std::string HostnameFor(int rank, const std::string& real_host) const;

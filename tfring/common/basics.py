@@ -183,6 +183,9 @@ def init(comm=None, process_sets=None):
     global _atexit_registered, _controller_in_use
     with _init_lock:
         controller = configured_controller()
+        if controller != "tcp" and os.environ.get("TFRING_ELASTIC", "").lower() in _TRUE:
+            raise ValueError("elastic training (TFRING_ELASTIC=1) runs over the TCP "
+                             "controller only: MPI cannot lose a rank.")
         if controller == "tcp":
             if comm is not None:
                 raise ValueError(
@@ -195,6 +198,11 @@ def init(comm=None, process_sets=None):
                 raise_for_status(_PRECONDITION, "this tfring library has no TCP controller "
                                                 "(no init_tcp): rebuild it from this source.")
             _serve_rendezvous_if_asked()
+            from tfring.common import elastic
+            if elastic.enabled() and not core.is_initialized():
+                # The driver's round decides this worker's rank, size and
+                # store scope (see tfring.common.elastic).
+                elastic.join_round()
             _check(core.init_tcp())
         else:
             handle = _comm_handle(comm)

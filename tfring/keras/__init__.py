@@ -24,3 +24,11 @@ from tfring.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum, b
 from tfring.keras import callbacks
 from tfring.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model
 from tfring.keras.sync_batch_norm import SyncBatchNormalization
+
+
+def __getattr__(name):
+    # Imported on first use, as horovod.tensorflow.keras.elastic is reached.
+    if name == "elastic":
+        import importlib
+        return importlib.import_module("tfring.keras.elastic")
+    raise AttributeError(f"module 'tfring.keras' has no attribute {name!r}")

@@ -176,11 +176,25 @@ def build_parser():
     group.add_argument("--log-level", type=str.upper, choices=_LOG_LEVELS,
                        help="TFRING_LOG_LEVEL")
 
-    group = parser.add_argument_group("elastic training (not supported yet; rejected clearly)")
-    for flag in ("--min-np", "--max-np", "--host-discovery-script", "--slots-per-host",
-                 "--elastic-timeout", "--reset-limit"):
-        group.add_argument(flag, help=argparse.SUPPRESS)
-    group.add_argument("--blacklist-cooldown-range", nargs=2, help=argparse.SUPPRESS)
+    group = parser.add_argument_group(
+        "elastic training (TCP; workers come and go, see docs/elastic.md)")
+    group.add_argument("--host-discovery-script", metavar="SCRIPT",
+                       help="run elastically: a command printing the usable hosts as "
+                            "'host:slots' lines, run every second")
+    group.add_argument("--min-np", type=int, metavar="N",
+                       help="fewest workers to train with (default: -np)")
+    group.add_argument("--max-np", type=int, metavar="N",
+                       help="most workers to train with (default: -np)")
+    group.add_argument("--slots-per-host", type=int, metavar="N",
+                       help="slots of a host the discovery script lists without a count")
+    group.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
+                       help="how long to wait below --min-np before failing (default 600)")
+    group.add_argument("--reset-limit", type=int, metavar="N",
+                       help="stop the job after this many re-formations (default: none)")
+    group.add_argument("--blacklist-cooldown-range", nargs=2, type=float,
+                       metavar=("MIN", "MAX"),
+                       help="a host blacklisted after repeated failures may run workers "
+                            "again after a random time in this range (seconds)")
 
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command each rank runs, with its arguments")
@@ -252,14 +266,12 @@ def main(argv=None):
         from tfring.runner import check_build
         return check_build.main()
     elastic = [name for name in _ELASTIC_FLAGS if getattr(args, name) is not None]
-    if elastic:
-        flags = ", ".join("--" + name.replace("_", "-") for name in elastic)
-        return _fail(f"elastic training ({flags}) is not supported yet: it needs a TCP "
-                     "controller that survives lost ranks, which tfring does not have.")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         return _fail("no command given; usage: tfringrun -np N [options] command [args...]")
     extra_env = rank_env.tuning_env(args)
+    if elastic:
+        return _launch_elastic(args, command, extra_env, elastic)
 
     try:
         hosts = _host_list(args)
@@ -516,6 +528,77 @@ def _launch_tcp(args, hosts, num_proc, command, extra_env):
         return code
     finally:
         store.stop()
+
+
+def _launch_elastic(args, command, extra_env, given):
+    """tfringrun in elastic mode: the driver of tfring.runner.elastic."""
+    from tfring.runner.elastic import driver as driver_mod
+    flags = ", ".join("--" + name.replace("_", "-") for name in given)
+    if args.host_discovery_script is None:
+        return _fail(f"{flags} need --host-discovery-script: elastic training takes its "
+                     "hosts from it (see docs/elastic.md).")
+    if args.mpi:
+        return _fail("elastic training runs over the TCP controller only (MPI cannot lose a "
+                     "rank); leave out --mpi.")
+    if args.hosts or args.hostfile:
+        return _fail("elastic training takes its hosts from --host-discovery-script, not "
+                     "-H/--hostfile.")
+    if args.mpi_args:
+        return _fail("--mpi-args needs MPI; elastic training runs over TCP.")
+    np_ = args.num_proc if args.num_proc is not None else args.min_np
+    if np_ is None:
+        return _fail("elastic training needs -np (or --min-np): how many workers to start.")
+    min_np = args.min_np if args.min_np is not None else np_
+    max_np = args.max_np if args.max_np is not None else max(np_, min_np)
+    if args.slots_per_host is not None and args.slots_per_host < 1:
+        return _fail(f"--slots-per-host must be at least 1, got {args.slots_per_host}")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        return _fail(f"--reset-limit must be 0 or more, got {args.reset_limit}")
+    cooldown = args.blacklist_cooldown_range
+    if cooldown is not None and not 0 <= cooldown[0] <= cooldown[1]:
+        return _fail("--blacklist-cooldown-range needs 0 <= MIN <= MAX")
+    timeout = 600.0 if args.elastic_timeout is None else args.elastic_timeout
+    if timeout <= 0:
+        return _fail(f"--elastic-timeout must be positive, got {timeout:g}")
+    code = _build_library_first()
+    if code:
+        return code
+    interfaces = [n.strip() for n in (args.network_interfaces or "").split(",") if n.strip()]
+    try:
+        first = driver_mod.parse_discovery(
+            subprocess.run(args.host_discovery_script, shell=True, capture_output=True,
+                           text=True, timeout=driver_mod.DISCOVERY_TIMEOUT).stdout,
+            args.slots_per_host)
+        remote = [name for name in first if not hosts_mod.is_local(name)]
+        if interfaces:
+            env = {rank_wrapper.INTERFACES_ENV: ",".join(interfaces)}
+            rank_wrapper.resolve_bind_host(env)
+            bind = advertise = env[rank_wrapper.BIND_ENV]
+        elif remote:
+            bind, advertise = "0.0.0.0", hosts_mod.address_seen_from(remote)
+        else:
+            bind = advertise = "127.0.0.1"
+        if remote and shutil.which("ssh") is None:
+            return _fail(f"ssh was not found on PATH; workers on {', '.join(remote)} are "
+                         "started with it.", 1)
+        output_dir = None
+        if args.output_filename:
+            output_dir = os.path.abspath(args.output_filename)
+            os.makedirs(output_dir, exist_ok=True)
+        env = {**rank_env.default_env(np_), **extra_env}
+        driver = driver_mod.Driver(
+            command, np=np_, min_np=min_np, max_np=max_np,
+            discovery_script=args.host_discovery_script, slots_per_host=args.slots_per_host,
+            elastic_timeout=timeout, reset_limit=args.reset_limit, cooldown_range=cooldown,
+            env=dict(os.environ, **env), bind_host=bind, advertise_host=advertise,
+            timeout=args.timeout, start_timeout=args.start_timeout,
+            prefix_output=args.prefix_output, output_dir=output_dir, verbose=args.verbose,
+            ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+            interfaces=interfaces)
+    except (driver_mod.DriverError, hosts_mod.HostSpecError, OSError,
+            subprocess.TimeoutExpired) as e:
+        return _fail(str(e), 2)
+    return driver.run()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ def __getattr__(name):
     if name == "SyncBatchNormalization":
         from tfring.keras.sync_batch_norm import SyncBatchNormalization
         return SyncBatchNormalization
+    if name == "elastic":
+        import importlib
+        return importlib.import_module("tfring.tensorflow.elastic")
     if name == "keras":
         # tfring.tensorflow.keras is tfring.keras (see tfring/tensorflow/keras.py).
         import importlib

@@ -89,7 +89,16 @@ Status TcpBackend::Create(const Config& config, std::unique_ptr<TcpBackend>* out
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   TFRING_RETURN_IF_ERROR(FromWire(ws, "cannot reach the rendezvous store"));
-  const std::string scope = "job/" + std::to_string(g_generation.fetch_add(1));
+  // The counter advances either way, so that a process that once ran
+  // elastically and then not numbers its scopes like its peers.
+  const int generation = g_generation.fetch_add(1);
+  if (config.rendezvous_scope.size() > 256) {
+    return Status::PreconditionError("tfring: TFRING_RENDEZVOUS_SCOPE is longer than the "
+                                     "store's 256-byte scope limit");
+  }
+  const std::string scope = config.rendezvous_scope.empty()
+                                ? "job/" + std::to_string(generation)
+                                : config.rendezvous_scope;
   tcp::Registration reg;
   reg.host = host;
   reg.pid = getpid();

@@ -1,0 +1,169 @@
+"""The elastic driver (tfring/runner/elastic/driver.py) without TensorFlow:
+discovery parsing, tfringrun's elastic flags, and the driver's policies with
+light workers that only join rounds (tfring.common.elastic needs no TF)."""
+import os
+import sys
+import textwrap
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from elastic_support import ElasticJob, leftovers, rank_lines  # noqa: E402
+from tfring.runner import launch  # noqa: E402
+from tfring.runner.elastic.driver import DriverError, parse_discovery  # noqa: E402
+
+
+def test_parse_discovery_lines():
+    text = "# hosts\nnode1:4\n\nnode2:2  # spare\nnode3\n"
+    assert parse_discovery(text, slots_per_host=1) == {"node1": 4, "node2": 2, "node3": 1}
+    assert parse_discovery("") == {}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("node1\n", "gives no slot count; print host:slots or pass --slots-per-host"),
+    ("node1:x\n", "slots must be a non-negative integer"),
+    ("node1:2\nnode1:3\n", "host 'node1' is listed twice"),
+    (":3\n", "names no host"),
+])
+def test_parse_discovery_rejects_bad_lines(text, message):
+    with pytest.raises(DriverError, match=message.replace("(", r"\(")):
+        parse_discovery(text)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-np", "2", "--min-np", "1"], "need --host-discovery-script"),
+    (["--mpi", "-np", "2", "--host-discovery-script", "true"], "TCP controller only"),
+    (["-H", "localhost:2", "-np", "2", "--host-discovery-script", "true"],
+     "not -H/--hostfile"),
+    (["--host-discovery-script", "true"], "needs -np (or --min-np)"),
+    (["-np", "2", "--min-np", "3", "--host-discovery-script", "echo localhost:2"],
+     "need 1 <= --min-np (3) <= -np (2) <= --max-np"),
+    (["-np", "2", "--elastic-timeout", "0", "--host-discovery-script", "true"],
+     "--elastic-timeout must be positive"),
+])
+def test_elastic_flags_are_checked(capsys, args, message):
+    assert launch.main(args + [sys.executable, "-c", "pass"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_failing_discovery_script_is_named(capsys):
+    code = launch.main(["-np", "1", "--host-discovery-script", "echo oops >&2; exit 3",
+                        sys.executable, "-c", "pass"])
+    assert code == 2
+    assert "exited with code 3: oops" in capsys.readouterr().err
+
+
+# A light worker: joins rounds like init() does, reports its round, exits.
+JOINER = textwrap.dedent("""
+    import os, sys, time
+    from tfring.common import elastic
+    info = elastic.join_round()
+    me = info["members"][os.environ["TFRING_ELASTIC_WORKER"]]
+    print("JOINED", info["round"], info["size"], me["rank"], flush=True)
+    if os.environ.get("FAIL_AFTER_JOIN"):
+        sys.exit(int(os.environ["FAIL_AFTER_JOIN"]))
+""")
+
+
+def test_workers_that_keep_failing_get_their_host_blacklisted(tmp_path):
+    # Workers die before they ever join: each is a lost worker of this host.
+    job = ElasticJob(tmp_path, "localhost:9", [sys.executable, "-c", "import sys; sys.exit(5)"],
+                     2, 2, 2, extra=["--elastic-timeout", "3"], timeout=120)
+    with job:
+        code, output = job.finish()
+    assert code == 1, output
+    assert "localhost lost 3 workers; it gets no new workers for the rest of the job" in output
+    assert "blacklisted" in output.split("gave up after")[-1], output
+    assert leftovers(job) == []
+
+
+def test_rank_zero_is_the_oldest_worker_and_a_finished_job_ends(tmp_path):
+    job = ElasticJob(tmp_path, "localhost:3", [sys.executable, "-c", JOINER], 3, 3, 3,
+                     timeout=120)
+    with job:
+        code, output = job.finish()
+    assert code == 0, output
+    joined = sorted((w, text.split()[1:]) for w, text in rank_lines(output)
+                    if text.startswith("JOINED"))
+    assert joined == [(0, ["1", "3", "0"]), (1, ["1", "3", "1"]), (2, ["1", "3", "2"])], output
+    assert leftovers(job) == []
+
+
+def test_driver_killed_leaves_no_worker_behind(tmp_path):
+    job = ElasticJob(tmp_path, "localhost:2",
+                     [sys.executable, "-c", JOINER + "\ntime.sleep(300)\n"], 2, 2, 2,
+                     timeout=120)
+    with job:
+        job.wait_for(r"JOINED 1 2 1")
+        job.kill()  # SIGKILL to tfringrun: the wrappers see it go and stop their workers
+        assert leftovers(job, wait=15) == []
+
+
+def test_elastic_worker_under_mpi_is_refused():
+    from support import run_python
+    result = run_python("import tfring.tensorflow as hvd; hvd.init()",
+                        env={"TFRING_ELASTIC": "1", "TFRING_CONTROLLER": "mpi"})
+    assert result.returncode != 0
+    assert ("elastic training (TFRING_ELASTIC=1) runs over the TCP controller only: MPI "
+            "cannot lose a rank.") in result.stderr
+
+
+# A worker that starts the TCP controller and reports where it ended up.
+PLACED = textwrap.dedent("""
+    import os, socket
+    import tensorflow as tf
+    import tfring.tensorflow as hvd
+    hvd.init()
+    total = int(hvd.allreduce(tf.constant(1), op=hvd.Sum).numpy())
+    print("PLACED", hvd.rank(), hvd.size(), hvd.local_rank(), total,
+          os.environ.get("TFRING_HOSTNAME", socket.gethostname()), flush=True)
+""")
+
+
+def test_workers_on_other_hosts_start_over_ssh(tmp_path):
+    from test_launch_tcp import FAKE_SSH
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH.format(python=sys.executable))
+    (bin_dir / "ssh").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_SSH_LOG": str(tmp_path / "ssh.log"), "FAKE_SSH_HOSTS": "fake-a,fake-b"}
+    job = ElasticJob(tmp_path, "localhost:1\nfake-a:2", [sys.executable, "-c", PLACED], 3, 3, 3,
+                     extra=["--network-interfaces", "lo"], env=env, timeout=180)
+    with job:
+        code, output = job.finish()
+    assert code == 0, output
+    placed = sorted(text.split()[1:] for _, text in rank_lines(output)
+                    if text.startswith("PLACED"))
+    import socket
+    assert placed == [["0", "3", "0", "3", socket.gethostname()], ["1", "3", "0", "3", "fake-a"],
+                      ["2", "3", "1", "3", "fake-a"]], output
+    calls = (tmp_path / "ssh.log").read_text().splitlines()
+    assert len(calls) == 2 and all('"fake-a"' in c for c in calls), calls
+    assert leftovers(job) == []
+
+
+def test_worker_that_never_reaches_init_is_stopped(tmp_path):
+    job = ElasticJob(tmp_path, "localhost:1",
+                     [sys.executable, "-c", "import time; time.sleep(300)"], 1, 1, 1,
+                     extra=["--start-timeout", "2", "--elastic-timeout", "2"], timeout=120)
+    with job:
+        code, output = job.finish()
+    assert code == 1, output
+    assert ("worker 0 (on localhost) did not reach init() within 4 s (--start-timeout + "
+            "--elastic-timeout); stopping it") in output
+    assert "gave up after --elastic-timeout 2 s waiting for 1 more worker slot(s)" in output
+    assert leftovers(job) == []
+
+
+def test_exception_outside_elastic_run_ends_the_job_naming_it(tmp_path):
+    script = JOINER + "\nraise RuntimeError('no elastic.run here')\n"
+    job = ElasticJob(tmp_path, "localhost:2", [sys.executable, "-c", script], 2, 2, 2,
+                     timeout=120)
+    with job:
+        code, output = job.finish()
+    assert code == 1, output
+    assert "raised RuntimeError: no elastic.run here; stopping the job." in output, output
+    assert "round 2" not in output
+    assert leftovers(job) == []

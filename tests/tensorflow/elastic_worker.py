@@ -1,0 +1,127 @@
+"""An elastic training script for tests/tensorflow/test_elastic.py.
+
+A tiny Keras model trained with a custom loop under hvd.elastic.run, on a
+deterministic data schedule: at step s with n ranks, rank r trains on
+batch(s, n, r) (see training_schedule below), so a single process can replay
+the same steps (replay()) and compare weights.
+
+Behaviour is set by the environment:
+  ELASTIC_STEPS           total steps (default 30)
+  ELASTIC_KILL            "worker:step,...": each listed worker SIGKILLs itself
+                          before its allreduce of that step
+  ELASTIC_RAISE_WORKER    worker id that raises ValueError ...
+  ELASTIC_RAISE_STEP      ... at this step
+  ELASTIC_STEP_SLEEP      seconds to sleep in each step (lets a test act mid-run)
+  ELASTIC_WAIT_SIZE       wait (checking for hosts) at this step ...
+  ELASTIC_WAIT_SIZE_STEP  ... until the job has this many ranks
+
+Lines printed (rank 0 unless said): RESET step size (every rank, after each
+re-formation), LOSS step loss, SIZE step size, FINAL rank json(weights)
+(every rank).
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import tfring.tensorflow as hvd
+
+BATCH = 4
+FEATURES = 5
+LR = 0.05
+
+
+def data():
+    rng = np.random.RandomState(7)
+    x = rng.normal(size=(240, FEATURES)).astype(np.float32)
+    w = rng.normal(size=(FEATURES, 1)).astype(np.float32)
+    y = (x @ w + 0.1 * rng.normal(size=(240, 1))).astype(np.float32)
+    return x, y
+
+
+def batch_index(step, size, rank, n):
+    """Rows of rank `rank`'s batch at `step` with `size` ranks."""
+    start = ((step * size + rank) * BATCH) % n
+    return np.arange(start, start + BATCH) % n
+
+
+def build():
+    tf.keras.utils.set_random_seed(3)
+    model = tf.keras.Sequential([tf.keras.Input((FEATURES,)), tf.keras.layers.Dense(8, "tanh"),
+                                 tf.keras.layers.Dense(1)])
+    opt = tf.keras.optimizers.SGD(LR, momentum=0.9)
+    opt.build(model.trainable_variables)
+    return model, opt
+
+
+def gradients(model, x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((model(x) - y) ** 2)
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def replay(schedule):
+    """Weights after training on `schedule`, a list of sizes per step, in one
+    process: each step averages the gradients of every rank's batch."""
+    model, opt = build()
+    x, y = data()
+    for step, size in enumerate(schedule):
+        per_rank = [gradients(model, x[batch_index(step, size, r, len(x))],
+                              y[batch_index(step, size, r, len(x))]) for r in range(size)]
+        mean = [tf.add_n([g[i] for g in per_rank]) / size for i in range(len(per_rank[0]))]
+        opt.apply_gradients(zip(mean, model.trainable_variables))
+    return [v.numpy() for v in model.trainable_variables]
+
+
+def main():
+    hvd.init()
+    steps = int(os.environ.get("ELASTIC_STEPS", "30"))
+    wid = os.environ.get("TFRING_ELASTIC_WORKER")
+    env = os.environ.get
+    sleep = float(env("ELASTIC_STEP_SLEEP", "0"))
+    model, opt = build()
+    x, y = data()
+    state = hvd.elastic.TensorFlowKerasState(model, opt, step=0)
+    state.register_reset_callbacks([lambda: print("RESET", state.step, hvd.size(), flush=True)])
+
+    @tf.function
+    def train_step(xb, yb):
+        grads = gradients(model, xb, yb)
+        grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            s, n, r = state.step, hvd.size(), hvd.rank()
+            if f"{wid}:{s}" in env("ELASTIC_KILL", "").split(","):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if wid == env("ELASTIC_RAISE_WORKER") and s == int(env("ELASTIC_RAISE_STEP", "-1")):
+                raise ValueError(f"bad batch at step {s}")
+            if s == int(env("ELASTIC_WAIT_SIZE_STEP", "-1")):
+                want = int(env("ELASTIC_WAIT_SIZE"))
+                while hvd.size() < want:
+                    time.sleep(0.2)
+                    state.check_host_updates()
+            idx = batch_index(s, n, r, len(x))
+            train_step(tf.constant(x[idx]), tf.constant(y[idx]))
+            if sleep:
+                time.sleep(sleep)
+            state.step += 1
+            if r == 0:
+                loss = float(tf.reduce_mean((model(x) - y) ** 2))
+                print("LOSS", s, f"{loss:.6f}", flush=True)
+                print("SIZE", s, n, flush=True)
+            state.commit()
+
+    train(state)
+    weights = [v.numpy().ravel().tolist() for v in model.trainable_variables]
+    print("FINAL", hvd.rank(), json.dumps(weights), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Elastic training over TCP (issue 11), end to end on localhost: tfringrun's
+driver, the rounds, hvd.elastic.run and TensorFlowKerasState, with a
+discovery script whose output the tests rewrite. The worker script is
+elastic_worker.py; its deterministic data schedule lets one process replay
+the run and compare weights."""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from elastic_support import ElasticJob, leftovers, rank_lines  # noqa: E402
+
+WORKER = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                       "elastic_worker.py")]
+
+
+def _lines(output, word):
+    """[(worker id, [fields])] of the workers' lines starting with `word`."""
+    return [(w, text.split()[1:]) for w, text in rank_lines(output)
+            if text.split()[:1] == [word]]
+
+
+def _finals(output):
+    return {w: json.loads(" ".join(f[1:])) for w, f in _lines(output, "FINAL")}
+
+
+def _check_finished(job, code, output, workers):
+    assert code == 0, output[-8000:]
+    finals = _finals(output)
+    assert sorted(finals) == sorted(workers), output[-8000:]
+    first = next(iter(finals.values()))
+    for w, weights in finals.items():
+        # Bit-identical: the same floats, not merely close ones.
+        assert weights == first, f"worker {w} ended with other weights"
+    assert leftovers(job) == []
+    return first
+
+
+def _check_reference(weights, schedule):
+    import elastic_worker
+    expected = elastic_worker.replay(schedule)
+    for got, want in zip(weights, expected):
+        np.testing.assert_allclose(np.array(got), want.ravel(), atol=1e-5, rtol=0)
+
+
+def _losses(output):
+    return {int(f[0]): float(f[1]) for _, f in _lines(output, "LOSS")}
+
+
+def test_killed_worker_job_finishes_at_two_and_matches_the_reference(tmp_path):
+    steps = 30
+    with ElasticJob(tmp_path, "localhost:3", WORKER, 3, 2, 3,
+                    env={"ELASTIC_STEPS": str(steps), "ELASTIC_KILL": "2:10"}) as job:
+        code, output = job.finish()
+    assert "worker 2 (on localhost, rank 2) was killed by signal 9 (SIGKILL); lost" in output
+    weights = _check_finished(job, code, output, [0, 1])
+    resets = _lines(output, "RESET")
+    # Every survivor resumed from the same commit, at size 2.
+    assert sorted(w for w, _ in resets) == [0, 1], output[-8000:]
+    assert len({tuple(f) for _, f in resets}) == 1, resets
+    committed, size = map(int, resets[0][1])
+    assert size == 2 and 1 <= committed <= 10
+    sizes = {int(f[0]): int(f[1]) for _, f in _lines(output, "SIZE")}
+    assert all(sizes[s] == (3 if s < committed else 2) for s in range(steps)), sizes
+    losses = _losses(output)
+    assert losses[steps - 1] < losses[committed - 1] < losses[0], losses
+    _check_reference(weights, [3] * committed + [2] * (steps - committed))
+
+
+def test_added_worker_starts_from_the_committed_state(tmp_path):
+    steps, grow_at = 20, 8
+    env = {"ELASTIC_STEPS": str(steps), "ELASTIC_WAIT_SIZE": "3",
+           "ELASTIC_WAIT_SIZE_STEP": str(grow_at)}
+    with ElasticJob(tmp_path, "localhost:2", WORKER, 2, 2, 3, env=env) as job:
+        job.wait_for(rf"\]<stdout>:SIZE {grow_at - 2} 2", timeout=180)
+        job.set_hosts("localhost:3")
+        code, output = job.finish()
+    weights = _check_finished(job, code, output, [0, 1, 2])
+    resets = _lines(output, "RESET")
+    # The two old workers re-formed without a rollback; the new one only synced.
+    assert sorted(w for w, _ in resets) == [0, 1], output[-8000:]
+    assert {tuple(f) for _, f in resets} == {(str(grow_at), "3")}, resets
+    # Momentum slots included: a new worker with empty slots would diverge.
+    _check_reference(weights, [2] * grow_at + [3] * (steps - grow_at))
+
+
+def test_removed_slot_worker_leaves_at_a_commit_without_rollback(tmp_path):
+    steps = 30
+    env = {"ELASTIC_STEPS": str(steps), "ELASTIC_STEP_SLEEP": "0.3"}
+    with ElasticJob(tmp_path, "localhost:3", WORKER, 3, 2, 3, env=env) as job:
+        job.wait_for(r"\]<stdout>:SIZE 4 3", timeout=180)
+        job.set_hosts("localhost:2")
+        code, output = job.finish()
+    assert "worker 2 (on localhost, rank 2) leaves: its host lists fewer slots" in output
+    assert "worker 2 was removed by the elastic driver in round 2; leaving the job" in output
+    assert "worker 2 (on localhost, rank 2) left" in output
+    weights = _check_finished(job, code, output, [0, 1])
+    resets = _lines(output, "RESET")
+    assert sorted(w for w, _ in resets) == [0, 1], output[-8000:]
+    assert len({tuple(f) for _, f in resets}) == 1, resets
+    at, size = map(int, resets[0][1])
+    assert size == 2 and at >= 5
+    # No rollback: every step ran once, the ones before the change at size 3.
+    sizes = {int(f[0]): int(f[1]) for _, f in _lines(output, "SIZE")}
+    assert [sizes[s] for s in range(steps)] == [3] * at + [2] * (steps - at), sizes
+    _check_reference(weights, [3] * at + [2] * (steps - at))
+
+
+def test_ordinary_exception_ends_the_job_naming_it(tmp_path):
+    env = {"ELASTIC_STEPS": "20", "ELASTIC_RAISE_WORKER": "1", "ELASTIC_RAISE_STEP": "3"}
+    with ElasticJob(tmp_path, "localhost:2", WORKER, 2, 1, 2, env=env) as job:
+        code, output = job.finish()
+    assert code == 1, output[-8000:]
+    assert "raised ValueError: bad batch at step 3; stopping the job." in output, output[-8000:]
+    assert "round 2" not in output and not _lines(output, "RESET"), output[-8000:]
+    assert leftovers(job) == []
+
+
+def test_reset_limit_stops_the_job(tmp_path):
+    env = {"ELASTIC_STEPS": "40", "ELASTIC_KILL": "2:4,1:8"}
+    with ElasticJob(tmp_path, "localhost:3", WORKER, 3, 1, 3, env=env,
+                    extra=["--reset-limit", "1"]) as job:
+        code, output = job.finish()
+    assert code == 1, output[-8000:]
+    assert "round 2: 2 workers" in output
+    assert "reached --reset-limit 1 (1 resets) and needs another one" in output, output[-8000:]
+    assert not _finals(output)
+    assert leftovers(job) == []
+
+
+def test_below_min_np_waits_and_recovers_when_a_slot_comes_back(tmp_path):
+    env = {"ELASTIC_STEPS": "16", "ELASTIC_KILL": "1:5"}
+    with ElasticJob(tmp_path, "localhost:2", WORKER, 2, 2, 2, env=env) as job:
+        job.wait_for("waiting for 1 more worker slot", timeout=180)
+        job.set_hosts("localhost:3")
+        code, output = job.finish()
+    weights = _check_finished(job, code, output, [0, 2])
+    resets = _lines(output, "RESET")
+    committed = int(resets[0][1][0])
+    assert {tuple(f) for _, f in resets} == {(str(committed), "2")}, resets
+    _check_reference(weights, [2] * 16)
+
+
+def test_below_min_np_fails_after_the_timeout_naming_the_shortfall(tmp_path):
+    env = {"ELASTIC_STEPS": "100", "ELASTIC_KILL": "1:3"}
+    with ElasticJob(tmp_path, "localhost:2", WORKER, 2, 2, 2, env=env,
+                    extra=["--elastic-timeout", "4"]) as job:
+        code, output = job.finish()
+    assert code == 1, output[-8000:]
+    assert ("gave up after --elastic-timeout 4 s waiting for 1 more worker slot(s): --min-np "
+            "is 2 and 1 worker(s) are running; the discovery script lists localhost: 2 slots "
+            "(1 held after lost workers)") in output, output[-8000:]
+    assert leftovers(job) == []
+
+
+def test_autotune_and_elastic_together(tmp_path):
+    # horovod#2835: autotune and elastic together crashed. The worker killed
+    # is rank 0, the one that runs the tuner: the next round's rank 0 makes
+    # its own.
+    env = {"ELASTIC_STEPS": "30", "ELASTIC_KILL": "0:12"}
+    with ElasticJob(tmp_path, "localhost:3", WORKER, 3, 2, 3, env=env,
+                    extra=["--autotune", "--autotune-warmup-samples", "1",
+                           "--autotune-steps-per-sample", "2"]) as job:
+        code, output = job.finish()
+    assert "round 2: 2 workers (1->rank 0, 2->rank 1)" in output, output[-8000:]
+    _check_finished(job, code, output, [1, 2])
+
+
+def test_keras_state_builds_an_unbuilt_optimizer_so_its_slots_are_synced():
+    # A new worker's optimizer has not stepped yet: without building it, its
+    # variable list would be shorter than its peers' and the sync would fail.
+    from support import run_python
+    code = (
+        "import tensorflow as tf\n"
+        "from tfring.tensorflow.elastic import TensorFlowKerasState\n"
+        "m = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])\n"
+        "o = tf.keras.optimizers.SGD(0.1, momentum=0.9)\n"
+        "s = TensorFlowKerasState(m, o, step=0)\n"
+        "names = sorted(v.path if hasattr(v, 'path') else v.name for v in s._variables())\n"
+        "print('SLOTS', sum('momentum' in n for n in names), len(names))\n")
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "SLOTS 2 " in result.stdout, result.stdout + result.stderr

@@ -1,0 +1,711 @@
+"""The elastic driver: ``tfringrun --host-discovery-script S --min-np A
+--max-np B ... command`` (TCP only; docs/elastic.md has the user's view).
+
+It serves the job's rendezvous store, runs the discovery script every
+second (``host:slots`` lines), starts one worker per slot it may use (local
+ones as subprocesses, others over ssh, each under the rank wrapper, which
+ends the worker when the driver goes away) and decides each *round*: which
+workers form the job and with which rank. The oldest surviving worker is
+rank 0, so the state it broadcasts after a reset is one that was trained.
+Rounds are published in the store (:mod:`~tfring.runner.elastic.protocol`);
+workers take them at ``init()``, which ``elastic.run`` calls again after a
+lost peer or at a commit that sees a newer round.
+
+Policy:
+
+* ``-np`` workers start; once the discovery script reports new slots, the
+  job grows up to ``--max-np``.
+* A worker that dies (killed, crashed) without reporting an exception is
+  lost: a new round is published without it. Its slot stays empty until
+  the discovery script's line for that host changes (a host that is
+  replaced usually reappears with a new count, or after being dropped), so
+  a dying machine is not refilled at once. A host with
+  ``BLACKLIST_FAILURES`` lost workers gets no new ones (for a random time
+  in ``--blacklist-cooldown-range`` when given, else for good).
+* A host that leaves the discovery output, or lists fewer slots, loses its
+  newest workers: they are left out of the next round and leave at their
+  next commit, without a rollback for the others.
+* A worker that reports an ordinary exception ends the job, named.
+* Each round after the first is a reset; more than ``--reset-limit`` ends
+  the job.
+* Below ``--min-np`` the driver waits for slots, up to
+  ``--elastic-timeout``, then fails naming what it waited for. A worker
+  that has not reached ``init()`` after ``--start-timeout`` plus
+  ``--elastic-timeout`` is stopped (and counts as lost).
+* The job succeeds when a worker finishes with code 0; the others then get
+  ``--elastic-timeout`` to finish too.
+
+Every way out stops and reaps every worker it started.
+"""
+import hmac
+import json
+import os
+import random
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from tfring.runner import hosts as hosts_mod
+from tfring.runner import rank_wrapper, rendezvous, wire
+from tfring.runner.elastic import protocol
+from tfring.runner.supervisor import _feed, describe_exit, remote_environment
+
+BLACKLIST_FAILURES = 3
+DISCOVERY_INTERVAL = 1.0
+DISCOVERY_TIMEOUT = 30.0
+# A member's reset request waits this long for the driver to see which
+# worker died, so that the next round leaves it out.
+_RESET_GRACE = 2.0
+_POLL = 0.05
+_GRACE = 3.0
+_LOCAL = "\0local"  # the key of every name of this machine
+# A worker waits for a round this much longer than the driver waits for
+# workers, so that the driver, which knows why, is the one that gives up.
+_WORKER_MARGIN = 30.0
+
+
+class DriverError(Exception):
+    """A problem with the driver's inputs (discovery script, flags)."""
+
+
+def parse_discovery(text, slots_per_host=None):
+    """{host: slots} from the discovery script's output, in its order.
+
+    Lines are ``host:slots`` or ``host`` (then ``slots_per_host``); blank
+    lines and ``#`` comments are skipped.
+
+    Raises:
+        DriverError: a line is malformed, or names a host twice.
+
+    Example:
+        >>> parse_discovery("a:2\\nb:1\\n")
+        {'a': 2, 'b': 1}
+    """
+    hosts = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, count = line.rpartition(":")
+        if not sep:
+            name, count = line, None
+        name = name.strip()
+        if count is None:
+            if slots_per_host is None:
+                raise DriverError(f"discovery line {number} ({raw!r}) gives no slot count; "
+                                  "print host:slots or pass --slots-per-host")
+            slots = slots_per_host
+        else:
+            count = count.strip()
+            if not count.isdigit():
+                raise DriverError(f"discovery line {number} ({raw!r}): slots must be a "
+                                  "non-negative integer")
+            slots = int(count)
+        if not name or any(c.isspace() for c in name):
+            raise DriverError(f"discovery line {number} ({raw!r}) names no host")
+        if name in hosts:
+            raise DriverError(f"discovery line {number}: host {name!r} is listed twice")
+        hosts[name] = slots
+    return hosts
+
+
+class _Worker:
+    def __init__(self, wid, host, local):
+        self.wid, self.host, self.local = wid, host, local
+        self.key = _LOCAL if local else host
+        self.proc = None
+        self.conn = None
+        self.pid = None
+        self.code = None          # exit code once ended (<0: signal)
+        self.leaving = False      # removed by the discovery script
+        self.announced = False    # it reached init() and asked to join
+        self.stopping = False     # the driver stopped it for not starting
+        self.rank = None
+        self.spawned_at = time.monotonic()
+        self.proc_ended_at = None
+
+    def alive(self):
+        return self.code is None
+
+    def name(self):
+        rank = f", rank {self.rank}" if self.rank is not None else ""
+        return f"worker {self.wid} (on {self.host}{rank})"
+
+
+class _Conn:
+    def __init__(self, sock):
+        self.sock, self.buffer, self.wid = sock, b"", None
+
+
+class Driver:
+    """Runs one elastic job; :meth:`run` returns tfringrun's exit code.
+
+    Args:
+        command: the worker command (a list).
+        np: workers to start with. min_np, max_np: the bounds of the job's size.
+        discovery_script: a shell command printing ``host:slots`` lines.
+        slots_per_host: slots of a host listed without a count.
+        elastic_timeout: seconds to wait below min_np (and for the last
+            workers to finish after the first did).
+        reset_limit: resets allowed (None: no limit).
+        cooldown_range: (low, high) seconds a blacklisted host waits, or None.
+        env: the workers' environment, without the job's secret and store.
+        bind_host, advertise_host: where the store and the status listener
+            listen, and the address workers reach them at.
+        timeout: stop the whole job after this many seconds (exit 124).
+        prefix_output, output_dir, verbose: as for tfringrun.
+        ssh_port, ssh_identity_file: for workers on other hosts.
+        interfaces: --network-interfaces, resolved on each remote host.
+        discovery_interval: seconds between runs of the discovery script.
+    """
+
+    def __init__(self, command, *, np, min_np, max_np, discovery_script, slots_per_host=None,
+                 elastic_timeout=600.0, reset_limit=None, cooldown_range=None, env=None,
+                 bind_host="127.0.0.1", advertise_host="127.0.0.1", timeout=None,
+                 start_timeout=30.0, prefix_output=True, output_dir=None, verbose=False,
+                 ssh_port=None, ssh_identity_file=None, interfaces=(),
+                 discovery_interval=DISCOVERY_INTERVAL):
+        if not 1 <= min_np <= np <= max_np:
+            raise DriverError(f"need 1 <= --min-np ({min_np}) <= -np ({np}) <= --max-np "
+                              f"({max_np})")
+        self.command = list(command)
+        self.np, self.min_np, self.max_np = np, min_np, max_np
+        self.target = np
+        self.script = discovery_script
+        self.slots_per_host = slots_per_host
+        self.elastic_timeout = elastic_timeout
+        self.reset_limit = reset_limit
+        self.cooldown_range = cooldown_range
+        self.env = dict(os.environ if env is None else env)
+        self.bind_host, self.advertise_host = bind_host, advertise_host
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.prefix_output, self.output_dir, self.verbose = prefix_output, output_dir, verbose
+        self.ssh_port, self.ssh_identity_file = ssh_port, ssh_identity_file
+        self.interfaces = list(interfaces)
+        self.discovery_interval = discovery_interval
+
+        self.workers = {}            # wid -> _Worker
+        self.next_wid = 0
+        self.hosts = None            # the last discovery output {name: slots}
+        self.held = {}               # key -> slots held empty after lost workers
+        self.failures = {}           # key -> lost workers
+        self.blacklist = {}          # key -> until (monotonic; inf: for good)
+        self.round = 0
+        self.members = {}            # wid -> member record of the current round
+        self.resets = 0
+        self.dirty = True            # a new round may be needed
+        self.waiting_since = None    # below min_np since
+        self.reset_seen = None       # when a reset request of the current round was seen
+        self.succeeded_at = None
+        self.outcome = None          # (code, message)
+        self.signals = []
+        self.events = []             # (monotonic, text): for benchmarks and --verbose
+        self.token = wire.encode_secret(wire.generate_secret())
+        self.secret = wire.generate_secret()
+        self.store = None
+        self.client = None
+        self.listener = None
+        self.selector = None
+        self.conns = []
+        self.next_discovery = 0.0
+
+    # -- output ----------------------------------------------------------------
+    def _say(self, message):
+        print(f"tfringrun: {message}", file=sys.stderr, flush=True)
+
+    def _event(self, text, always=False):
+        """Records what happened; says it with --verbose, or when `always`
+        (the changes a user must see: lost and leaving workers, new rounds)."""
+        self.events.append((time.monotonic(), text))
+        if self.verbose or always:
+            self._say(text)
+
+    def _fail(self, code, message):
+        if self.outcome is None:
+            self.outcome = (code, message)
+            self._say(message)
+
+    # -- discovery -------------------------------------------------------------
+    def _discover(self):
+        """Runs the script; returns {host: slots} or raises DriverError."""
+        try:
+            proc = subprocess.run(self.script, shell=True, capture_output=True, text=True,
+                                  timeout=DISCOVERY_TIMEOUT, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise DriverError(f"the host discovery script {self.script!r} ran longer than "
+                              f"{DISCOVERY_TIMEOUT:g} s") from None
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+            raise DriverError(f"the host discovery script {self.script!r} exited with code "
+                              f"{proc.returncode}: {detail[0]}")
+        return parse_discovery(proc.stdout, self.slots_per_host)
+
+    def _key(self, name):
+        return _LOCAL if hosts_mod.is_local(name) else name
+
+    def _apply_discovery(self, hosts):
+        now = time.monotonic()
+        by_key = {}
+        for name, slots in hosts.items():
+            key = self._key(name)
+            by_key.setdefault(key, [name, 0])
+            by_key[key][1] += slots
+        old = {} if self.hosts is None else {k: v[1] for k, v in self.hosts.items()}
+        grew = False
+        for key, (name, slots) in by_key.items():
+            if old.get(key) != slots:
+                if key in old or self.hosts is not None:
+                    self._event(f"discovery: {name} has {slots} slots")
+                self.held.pop(key, None)  # a changed line frees the held slots
+                grew = grew or slots > old.get(key, 0)
+        for key in old:
+            if key not in by_key:
+                self._event(f"discovery: {self._host_name(key)} is gone")
+                self.held.pop(key, None)
+        if grew and self.hosts is not None:
+            self.target = self.max_np
+        self.hosts = by_key
+        for key, until in list(self.blacklist.items()):
+            if now >= until:
+                del self.blacklist[key]
+                self.failures.pop(key, None)
+                self._say(f"{self._host_name(key)} may run workers again (cooldown over)")
+        self._fit_workers_to_hosts()
+
+    def _host_name(self, key):
+        if self.hosts and key in self.hosts:
+            return self.hosts[key][0]
+        return "this host" if key == _LOCAL else key
+
+    def _capacity(self, key):
+        if key in self.blacklist or key not in self.hosts:
+            return 0
+        return max(0, self.hosts[key][1] - self.held.get(key, 0))
+
+    def _fit_workers_to_hosts(self):
+        """Marks surplus workers as leaving and starts new ones."""
+        live = [w for w in self.workers.values() if w.alive() and not w.leaving]
+        for key in {w.key for w in live}:
+            mine = sorted((w for w in live if w.key == key), key=lambda w: w.wid)
+            listed = self.hosts.get(key, [None, 0])[1]
+            for w in mine[listed:] if len(mine) > listed else []:
+                w.leaving = True
+                self.dirty = True
+                self._event(f"{w.name()} leaves: its host lists fewer slots", always=True)
+        if self.succeeded_at is not None or self.outcome is not None:
+            return
+        live = [w for w in self.workers.values() if w.alive() and not w.leaving]
+        want = min(self.target, sum(self._capacity(k) for k in self.hosts)) - len(live)
+        for key in self.hosts:
+            free = self._capacity(key) - sum(1 for w in live if w.key == key)
+            while want > 0 and free > 0:
+                self._spawn(key)
+                want -= 1
+                free -= 1
+
+    # -- workers ---------------------------------------------------------------
+    def _wrapper_command(self, env_stdin):
+        cmd = [sys.executable, os.path.abspath(rank_wrapper.__file__),
+               "--launcher", f"{self.advertise_host}:{self.listener.getsockname()[1]}",
+               "--grace", str(_GRACE), "--connect-timeout", str(self.start_timeout)]
+        if self.prefix_output:
+            cmd.append("--prefix")
+        if self.output_dir:
+            cmd += ["--output-dir", self.output_dir]
+        if env_stdin:
+            cmd.append("--env-stdin")
+        return cmd + ["--"] + self.command
+
+    def _spawn(self, key):
+        wid = self.next_wid
+        self.next_wid += 1
+        name = self.hosts[key][0]
+        worker = _Worker(wid, name, key == _LOCAL)
+        self.workers[wid] = worker
+        env = dict(self.env)
+        env.update({
+            "TFRING_CONTROLLER": "tcp", protocol.ELASTIC_ENV: "1",
+            protocol.WORKER_ENV: str(wid),
+            protocol.TIMEOUT_ENV: f"{self.elastic_timeout + _WORKER_MARGIN:g}",
+            rank_wrapper.RANK_ENV: str(wid), rank_wrapper.TOKEN_ENV: self.token,
+            "TFRING_RENDEZVOUS_ADDR": self.advertise_host,
+            "TFRING_RENDEZVOUS_PORT": str(self.store.address[1]),
+            wire.SECRET_ENV: wire.encode_secret(self.secret),
+            rank_wrapper.BIND_ENV: self.bind_host if worker.local else ""})
+        if not worker.local and self.interfaces:
+            # Resolved by the wrapper on that host: addresses differ per host.
+            env[rank_wrapper.INTERFACES_ENV] = ",".join(self.interfaces)
+        if not worker.local:
+            # The worker registers under the name the driver numbered its
+            # slots by, so two names of one machine cannot share a slot.
+            env["TFRING_HOSTNAME"] = name
+        elif "," in env.get("TFRING_HOSTNAME", ""):
+            env.pop("TFRING_HOSTNAME")  # per-rank fake names mean nothing here
+        for name_ in ("TFRING_SIZE", "TFRING_LOCAL_SLOT", "TFRING_HOST_ORDER",
+                      "TFRING_RENDEZVOUS_SCOPE", "TFRING_RENDEZVOUS_SERVE"):
+            env.pop(name_, None)
+        try:
+            if worker.local:
+                worker.proc = subprocess.Popen(self._wrapper_command(False), env=env,
+                                               start_new_session=True, stdin=subprocess.DEVNULL)
+            else:
+                from tfring.runner.launch import ssh_command
+                argv = ssh_command(name, self._wrapper_command(True), self.ssh_port,
+                                   self.ssh_identity_file)
+                worker.proc = subprocess.Popen(argv, start_new_session=True,
+                                               stdin=subprocess.PIPE)
+                data = json.dumps(remote_environment(env)).encode() + b"\n"
+                threading.Thread(target=_feed, args=(worker.proc.stdin, data),
+                                 daemon=True).start()
+        except OSError as e:
+            worker.code = 127 if isinstance(e, FileNotFoundError) else 126
+            self._fail(1, f"cannot start a worker on {name}: {e.strerror or e}")
+            return
+        self._event(f"started worker {wid} on {name}")
+
+    def _accept(self):
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        sock.setblocking(False)
+        conn = _Conn(sock)
+        self.conns.append(conn)
+        self.selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _close(self, conn):
+        try:
+            self.selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        if conn in self.conns:
+            self.conns.remove(conn)
+
+    def _send(self, conn, word):
+        try:
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(1.0)
+            conn.sock.sendall((word + "\n").encode())
+        except OSError:
+            pass
+        finally:
+            try:
+                conn.sock.setblocking(False)
+            except OSError:
+                pass
+
+    def _read(self, conn):
+        try:
+            data = conn.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        conn.buffer += data
+        *lines, conn.buffer = conn.buffer.split(b"\n")
+        for line in lines:
+            words = line.decode(errors="replace").split()
+            if conn.wid is None:
+                if (len(words) != 5 or words[0] != rank_wrapper.HELLO
+                        or not hmac.compare_digest(words[1].encode(), self.token.encode())
+                        or not words[2].isdigit() or int(words[2]) not in self.workers):
+                    self._close(conn)
+                    return
+                conn.wid = int(words[2])
+                worker = self.workers[conn.wid]
+                worker.conn, worker.pid = conn, int(words[3])
+                if self.outcome is not None:
+                    self._send(conn, rank_wrapper.STOP)
+            elif len(words) == 3 and words[0] == rank_wrapper.EXIT:
+                try:
+                    code = int(words[2])
+                except ValueError:
+                    continue
+                self._send(conn, rank_wrapper.RELEASE)
+                self._ended(self.workers[conn.wid], code)
+
+    def _ended(self, worker, code):
+        if worker.code is not None:
+            return
+        worker.code = code
+        was_member = worker.wid in self.members
+        if code == 0:
+            if worker.leaving:
+                self._event(f"{worker.name()} left", always=True)
+            elif self.outcome is None:
+                self._event(f"{worker.name()} finished")
+                if self.succeeded_at is None:
+                    self.succeeded_at = time.monotonic()
+            self.dirty = self.dirty or was_member
+            return
+        error = self._reported_error(worker.wid)
+        if error is not None:
+            self._fail(1, f"{worker.name()} raised {error}; stopping the job.")
+            return
+        if self.outcome is not None:
+            return
+        words = describe_exit(code)[0]
+        if self.succeeded_at is not None:
+            self._say(f"{worker.name()} {words} after the job finished")
+            return
+        self._event(f"{worker.name()} {words}; lost", always=True)
+        self.dirty = True
+        key = worker.key
+        if not worker.leaving:
+            self.held[key] = self.held.get(key, 0) + 1
+        self.failures[key] = self.failures.get(key, 0) + 1
+        if self.failures[key] >= BLACKLIST_FAILURES and key not in self.blacklist:
+            if self.cooldown_range:
+                wait = random.uniform(*self.cooldown_range)
+                self.blacklist[key] = time.monotonic() + wait
+                how = f"for {wait:.0f} s"
+            else:
+                self.blacklist[key] = float("inf")
+                how = "for the rest of the job"
+            self._say(f"{self._host_name(key)} lost {self.failures[key]} workers; it gets no "
+                      f"new workers {how}")
+
+    def _check_starting(self):
+        """Stops workers that never reached init(): they count as lost."""
+        limit = self.start_timeout + self.elastic_timeout
+        now = time.monotonic()
+        for w in self.workers.values():
+            if (w.alive() and not w.announced and not w.stopping and w.proc is not None
+                    and now - w.spawned_at > limit):
+                w.stopping = True
+                self._say(f"{w.name()} did not reach init() within {limit:g} s "
+                          "(--start-timeout + --elastic-timeout); stopping it")
+                if w.conn is not None:
+                    self._send(w.conn, rank_wrapper.STOP)
+                _signal_group(w.proc.pid, signal.SIGTERM)
+
+    def _check_processes(self):
+        now = time.monotonic()
+        for worker in self.workers.values():
+            if worker.code is not None or worker.proc is None:
+                continue
+            code = worker.proc.poll()
+            if code is None:
+                continue
+            # The wrapper's own report (with the real signal) may trail its exit.
+            if worker.proc_ended_at is None:
+                worker.proc_ended_at = now
+            elif now - worker.proc_ended_at > 1.0:
+                self._ended(worker, code if code < 128 else -(code - 128))
+
+    # -- store -----------------------------------------------------------------
+    def _reported_error(self, wid):
+        try:
+            return self.client.get(protocol.SCOPE, protocol.ERROR_PREFIX + str(wid),
+                                   timeout=0).decode(errors="replace")
+        except wire.WireError:
+            return None
+
+    def _poll_store(self):
+        errors = self.client.wait_prefix(protocol.SCOPE, protocol.ERROR_PREFIX, 0, timeout=0)
+        for key, value in errors:
+            wid = int(key[len(protocol.ERROR_PREFIX):])
+            worker = self.workers.get(wid)
+            self._fail(1, f"{worker.name() if worker else f'worker {wid}'} raised "
+                          f"{value.decode(errors='replace')}; stopping the job.")
+            return
+        for key, _ in self.client.wait_prefix(protocol.SCOPE, "pending/", 0, timeout=0):
+            worker = self.workers.get(int(key[len("pending/"):]))
+            if worker is not None and not worker.announced:
+                worker.announced = True
+                self.dirty = True
+        if self.round and self.reset_seen is None:
+            if self.client.add(protocol.SCOPE, protocol.reset_key(self.round), 0) > 0:
+                self.reset_seen = time.monotonic()
+        if self.reset_seen is not None and time.monotonic() - self.reset_seen > _RESET_GRACE:
+            self.dirty = True
+
+    def _publish_if_needed(self):
+        if not self.dirty or self.outcome is not None or self.succeeded_at is not None:
+            return
+        live = [w for w in self.workers.values() if w.alive() and not w.leaving]
+        ready = sorted((w for w in live if w.announced), key=lambda w: w.wid)
+        starting = [w for w in live if not w.announced]
+        reset_asked = self.reset_seen is not None
+        if (self.round and set(w.wid for w in ready) == set(self.members) and not reset_asked
+                and not any(w.leaving and w.alive() and w.wid in self.members
+                            for w in self.workers.values())):
+            self.dirty = bool(starting)
+            self.waiting_since = None
+            return
+        if len(ready) < self.min_np or (self.round == 0 and starting):
+            if len(ready) + len(starting) >= self.min_np:
+                # Enough workers are on their way (the first round waits for
+                # all of them); _check_starting bounds how long they take.
+                self.waiting_since = None
+                return
+            # Short of slots: the elastic timeout runs.
+            now = time.monotonic()
+            if self.waiting_since is None:
+                self.waiting_since = now
+                self._say(self._shortfall("waiting for"))
+            elif now - self.waiting_since > self.elastic_timeout:
+                self._fail(1, self._shortfall(f"gave up after --elastic-timeout "
+                                              f"{self.elastic_timeout:g} s waiting for"))
+            return
+        if self.round and self.reset_limit is not None and self.resets >= self.reset_limit:
+            self._fail(1, f"the job reached --reset-limit {self.reset_limit} ({self.resets} "
+                          "resets) and needs another one; stopping the job.")
+            return
+        self._publish(ready)
+
+    def _shortfall(self, what):
+        live = [w for w in self.workers.values() if w.alive() and not w.leaving]
+        hosts = ", ".join(f"{self._host_name(k)}: {self.hosts[k][1]} slots"
+                          + (f" ({self.held[k]} held after lost workers)" if self.held.get(k)
+                             else "") + (" blacklisted" if k in self.blacklist else "")
+                          for k in self.hosts) or "none"
+        return (f"{what} {self.min_np - len(live)} more worker slot(s): --min-np is "
+                f"{self.min_np} and {len(live)} worker(s) are running; the discovery script "
+                f"lists {hosts}.")
+
+    def _publish(self, ready):
+        previous = self.round
+        self.round += 1
+        if previous:
+            self.resets += 1
+        order, slots, members = {}, {}, {}
+        for w in ready:  # oldest first: the oldest survivor is rank 0
+            order.setdefault(w.key, len(order))
+            slots[w.key] = slots.get(w.key, 0) + 1
+            members[w.wid] = {"host": w.host, "host_order": order[w.key],
+                              "local_slot": slots[w.key] - 1}
+        by_place = sorted(members, key=lambda wid: (members[wid]["host_order"],
+                                                    members[wid]["local_slot"]))
+        for rank, wid in enumerate(by_place):
+            members[wid]["rank"] = rank
+            self.workers[wid].rank = rank
+        removed = [w.wid for w in self.workers.values() if w.leaving and w.alive()]
+        self.client.set(protocol.SCOPE, protocol.round_key(self.round),
+                        protocol.encode_round(self.round, members, removed))
+        self.client.add(protocol.SCOPE, protocol.LATEST, 1)
+        self.members = members
+        self.dirty = False
+        self.waiting_since = None
+        self.reset_seen = None
+        placed = ", ".join(f"{wid}->rank {m['rank']}" for wid, m in members.items())
+        self._event(f"round {self.round}: {len(members)} workers ({placed})"
+                    + (f"; {len(removed)} leaving" if removed else ""), always=previous > 0)
+
+    # -- stopping --------------------------------------------------------------
+    def _stop_all(self):
+        """Stops every worker still running (stop, SIGTERM, then SIGKILL) and
+        reaps every process started."""
+        live = [w for w in self.workers.values() if w.proc is not None and w.proc.poll() is None]
+        for w in live:
+            if w.conn is not None:
+                self._send(w.conn, rank_wrapper.STOP)
+            _signal_group(w.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE + 2.0
+        while time.monotonic() < deadline and any(w.proc.poll() is None for w in live):
+            self._pump(_POLL)
+        for w in live:
+            if w.proc.poll() is None:
+                _signal_group(w.proc.pid, signal.SIGKILL)
+        for w in self.workers.values():
+            if w.proc is not None:
+                w.proc.wait()
+
+    def _pump(self, timeout):
+        for key, _ in self.selector.select(timeout):
+            if key.data is None:
+                self._accept()
+            else:
+                self._read(key.data)
+
+    def _on_signal(self, signum, _frame):
+        self.signals.append(signum)
+
+    # -- main loop -------------------------------------------------------------
+    def run(self):
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        try:
+            self.store = rendezvous.start_server(self.bind_host, 0, self.secret)
+            self.client = rendezvous.RendezvousClient(self.bind_host if self.bind_host !=
+                                                      "0.0.0.0" else "127.0.0.1",
+                                                      self.store.address[1], self.secret)
+            self.listener = socket.create_server((self.bind_host, 0))
+            self.listener.setblocking(False)
+            self.selector = selectors.DefaultSelector()
+            self.selector.register(self.listener, selectors.EVENT_READ)
+            try:
+                self._apply_discovery(self._discover())
+            except DriverError as e:
+                self._fail(2, str(e))
+                return self.outcome[0]
+            return self._loop()
+        finally:
+            try:
+                if self.selector is not None:
+                    self._stop_all()
+            finally:
+                for conn in list(self.conns):
+                    self._close(conn)
+                if self.selector is not None:
+                    self.selector.close()
+                if self.listener is not None:
+                    self.listener.close()
+                if self.client is not None:
+                    self.client.close()
+                if self.store is not None:
+                    self.store.stop()
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    def _loop(self):
+        started = time.monotonic()
+        while self.outcome is None:
+            self._pump(_POLL)
+            self._check_processes()
+            now = time.monotonic()
+            while self.signals:
+                signum = self.signals.pop(0)
+                self._fail(128 + signum, f"got {signal.Signals(signum).name}; stopping the job.")
+            if self.timeout is not None and now - started > self.timeout:
+                self._fail(124, f"the job ran past --timeout {self.timeout:g} s; stopping it.")
+            if self.outcome is not None:
+                break
+            alive = [w for w in self.workers.values() if w.alive()]
+            if self.succeeded_at is not None:
+                if not alive:
+                    return 0
+                if now - self.succeeded_at > self.elastic_timeout:
+                    self._fail(1, f"workers {', '.join(str(w.wid) for w in alive)} did not "
+                                  f"finish within --elastic-timeout {self.elastic_timeout:g} s "
+                                  "after the first one did; stopping them.")
+                    break
+                continue
+            if now >= self.next_discovery:
+                self.next_discovery = now + self.discovery_interval
+                try:
+                    self._apply_discovery(self._discover())
+                except DriverError as e:
+                    self._say(f"{e}; keeping the last host list")
+            self._poll_store()
+            self._check_starting()
+            self._publish_if_needed()
+        return self.outcome[0]
+
+
+def _signal_group(pid, signum):
+    for fn in (os.killpg, os.kill):
+        try:
+            fn(pid, signum)
+        except OSError:
+            pass
+

@@ -1,0 +1,59 @@
+"""What the elastic driver and its workers say to each other through the
+rendezvous store (scope ``elastic``); docs/elastic.md describes the whole.
+
+Keys:
+
+* ``latest``: a counter, the newest round the driver published (0: none yet).
+* ``round/<r>``: JSON of round r: ``{"round": r, "size": n, "members":
+  {worker id: {"rank", "host", "host_order", "local_slot"}}, "removed":
+  [worker ids]}``. Written before ``latest`` moves to r, so a worker that
+  sees r can always read it.
+* ``ready/<r>/<worker id>``: a member of round r is waiting to start it;
+  the TCP start-up begins once every member is there, so a round that a
+  newer one replaced is never half-started.
+* ``reset/<r>``: a counter: members of round r whose communication broke
+  and who ask for a new round.
+* ``error/<worker id>``: the text of an ordinary exception that ends the job.
+
+Each round's TCP start-up registers in its own scope, :func:`round_scope`.
+"""
+import json
+
+SCOPE = "elastic"
+LATEST = "latest"
+ERROR_PREFIX = "error/"
+# Environment the driver gives each worker.
+ELASTIC_ENV = "TFRING_ELASTIC"
+WORKER_ENV = "TFRING_ELASTIC_WORKER"
+TIMEOUT_ENV = "TFRING_ELASTIC_TIMEOUT"
+
+
+def round_key(r):
+    return f"round/{r}"
+
+
+def ready_prefix(r):
+    return f"ready/{r}/"
+
+
+def reset_key(r):
+    return f"reset/{r}"
+
+
+def round_scope(r):
+    return f"elastic/round/{r}"
+
+
+def encode_round(r, members, removed=()):
+    """Round r as bytes. `members`: {worker id: {"rank", "host",
+    "host_order", "local_slot"}}."""
+    return json.dumps({"round": r, "size": len(members),
+                       "members": {str(w): m for w, m in members.items()},
+                       "removed": [str(w) for w in removed]}, sort_keys=True).encode()
+
+
+def decode_round(data):
+    info = json.loads(data.decode())
+    if not isinstance(info, dict) or not isinstance(info.get("members"), dict):
+        raise ValueError("malformed elastic round record")
+    return info
