@@ -38,7 +38,8 @@ def ms(seconds):
 
 def load(results):
     return {name: bc.read_jsonl(os.path.join(results, f"{name}.jsonl"))
-            for name in ("collectives", "small_tensors", "idle", "training", "commands")}
+            for name in ("collectives", "small_tensors", "idle", "training", "commands",
+                         "independent", "profile")}
 
 
 def read_machine(results):
@@ -342,6 +343,89 @@ def targets_section(data, training, lines):
     lines.append("")
 
 
+def issue10_section(data, training, lines):
+    """Issue 10's target table: every ratio from one run, side by side."""
+    coll = collective_index(data["collectives"])
+    small = {r["label"]: r for r in data["small_tensors"] if r["np"] == 2}
+    indep = {(r["np"], r["bytes"]): r for r in data["independent"]}
+    rows = []
+
+    def get(np_, c, nominal):
+        return coll.get(np_, {}).get(c, {}).get("auto", {}).get(nominal)
+
+    on = small.get("cache_on")
+    chain = (on or {}).get("chain_per_op")
+    if chain:
+        c = chain["chain"]["median"]
+        rows.append((f"4 KB allreduce, per op in a chain of {on['chain_length']} in one "
+                     "tf.function", f"{c * 1e6:.0f} us (mpi4py loop {chain['chain_mpi4py']['median'] * 1e6:.0f} us, "
+                     f"TF chain of multiplies {chain['chain_floor']['median'] * 1e6:.0f} us per op)",
+                     "<= 50 us", "yes" if c <= 50e-6 else "no"))
+    r = get(2, "allreduce", bc.MB)
+    if r:
+        rows.append(("1 MB allreduce busbw vs mpi4py", f"{r['ratio']:.2f}x ({ms(r['tfring_s'])} vs "
+                     f"{ms(r['mpi4py_s'])} ms)", ">= 1.2x", "yes" if r["ratio"] >= 1.2 else "no"))
+    for np_, goal in ((2, 2.5), (3, 3.0)):
+        r = get(np_, "allreduce", 64 * bc.MB)
+        i = indep.get((np_, 64 * bc.MB))
+        parts, ok = [], []
+        if r:
+            parts.append(f"collectives.py {r['ratio']:.2f}x ({ms(r['tfring_s'])} vs "
+                         f"{ms(r['mpi4py_s'])} ms)")
+            ok.append(r["ratio"] >= goal)
+        if i:
+            parts.append(f"independent method {i['ratio']:.2f}x ({ms(i['tfring']['median'])} vs "
+                         f"{ms(i['mpi4py']['median'])} ms; without .numpy() "
+                         f"{i['ratio_no_numpy']:.2f}x; TF's own x*1.0 + .numpy() "
+                         f"{ms(i['floor']['median'])} ms)")
+            ok.append(i["ratio"] >= goal)
+        if parts:
+            rows.append((f"64 MB allreduce busbw vs mpi4py, np={np_}", "; ".join(parts),
+                         f">= {goal}x under both", "yes" if all(ok) and len(ok) == 2 else "no"))
+    for c in ("broadcast", "allgather"):
+        rs = [get(2, c, nb) for nb in (bc.MB, 4 * bc.MB, 16 * bc.MB, 64 * bc.MB)]
+        rs = [x for x in rs if x]
+        if rs:
+            worst = min(rs, key=lambda x: x["ratio"])
+            got = ", ".join(f"{bc.human_size(x['nominal_bytes'])} {x['ratio']:.2f}x" for x in rs)
+            rows.append((f"{c} 1-64 MB vs mpi4py, np=2", got, ">= 1.0x",
+                         "yes" if worst["ratio"] >= 1.0 else "no"))
+    if on:
+        s, f = on["step200"]["median"], on["floor200"]["median"]
+        rows.append(("200 x 4 KB step vs TF's 200-op floor (same run)",
+                     f"floor + {ms(s - f)} ms ({ms(s)} vs {ms(f)} ms)", "floor + 0.5 ms",
+                     "yes" if s - f <= 0.5e-3 else "no"))
+    if "efficiency_vs_ceiling" in training:
+        e = training["efficiency_vs_ceiling"]
+        rows.append(("Keras CNN training vs the no-communication ceiling", f"{e:.3f}", ">= 0.93",
+                     "yes" if e >= 0.93 else "no"))
+    idle = data["idle"]
+    if idle:
+        worst = max(r["idle"]["cpu_per_s"] for r in idle)
+        rows.append(("idle CPU per rank", f"{worst:.4f} CPU-s/s (worst rank)", "<= 0.02",
+                     "yes" if worst <= 0.02 else "no"))
+    for t in (r for r in data["profile"] if r.get("bench") == "timeline"):
+        rows.append(("a training step on the timeline, np=2 rank 0 (medians over "
+                     f"{t['steps']} steps)",
+                     f"step {t['step_ms']:.1f} ms; first submission to last plane call's end "
+                     f"{t['comm_span_ms']:.1f} ms; first submission to first plane call "
+                     f"{t['first_wait_ms']:.1f} ms; data planes {t['data_plane_ms']:.1f} ms "
+                     f"(incl. waits for peers); fusion copies {t['copies_ms']:.2f} ms; "
+                     f"{t['responses']:.0f} responses", "(reported)", "-"))
+    prof = [r for r in data["profile"] if r.get("profile")]
+    for r in sorted(prof, key=lambda r: (r["np"], r["rank"])):
+        p = r["profile"]
+        bg = p["cpu_per_s"].get("tfring-bg", 0.0)
+        rows.append((f"background thread CPU during training, np={r['np']} rank {r['rank']}",
+                     f"{bg:.3f} CPU-s/s, {p['cpu_ms_per_step'].get('tfring-bg', 0.0):.1f} ms per "
+                     f"step (TF compute {p['cpu_ms_per_step'].get('tf_Compute', 0.0):.1f} ms per "
+                     "step)", "(reported)", "-"))
+    lines += ["| row (issue 10) | achieved (medians, this run) | target | met |",
+              "|---|---|---|:---:|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    lines.append("")
+
+
 # --------------------------------------------------------------------------- misc
 
 def machine_section(m, lines):
@@ -412,8 +496,15 @@ def main(argv=None):
     L += ["## Machine", ""]
     machine_section(machine, L)
 
-    L += ["## Targets", ""]
     training = training_numbers(data["training"])
+    L += ["## Targets of issue 10", ""]
+    issue10_section(data, training, L)
+    breakdown = os.path.join(HERE, "BREAKDOWN.md")
+    if os.path.exists(breakdown):
+        # Hand-written: the profile of a training step and what it decided.
+        with open(breakdown) as f:
+            L += [f.read().strip(), ""]
+    L += ["## Targets of issue 5", ""]
     targets_section(data, training, L)
 
     L += ["## Collectives: tfring op in tf.function vs mpi4py on numpy", ""]

@@ -5,6 +5,7 @@ Usage (from the repository root, in the environment tfring is installed in)::
     python benchmarks/run_all.py            # full run, about 8-12 minutes on 2 idle cores
     python benchmarks/run_all.py --quick    # smoke run, about 3-5 minutes
     python benchmarks/run_all.py --only collectives,training
+    python benchmarks/run_all.py --only small,independent,training,profile   # issue 10's rows
     python benchmarks/run_all.py --report-only
 
 (``bash benchmarks/run_all.sh`` is the same.) Every launch goes through
@@ -32,7 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import bench_common as bc  # noqa: E402
 
-PARTS = ("idle", "small", "collectives", "training")
+PARTS = ("idle", "small", "collectives", "independent", "training", "profile")
 
 
 def parse_args(argv=None):
@@ -194,6 +195,35 @@ def run_training(r, quick, seconds):
     shutil.rmtree(os.path.join(ROOT, sync), ignore_errors=True)
 
 
+def run_independent(r, quick, nps):
+    r.clear("independent")
+    args = ["--out", r.out("independent")]
+    if quick:
+        args += ["--iters", "5", "--warmup", "2"]
+    for np_ in nps:
+        r.run(f"independent_np{np_}", np_, 300, "independent.py", args)
+
+
+def run_profile(r, quick, seconds):
+    """Training with CPU accounting per thread (the step breakdown's numbers)."""
+    r.clear("profile")
+    args = ["--out", r.out("profile"), "--profile"]
+    if quick:
+        args.append("--quick")
+    else:
+        args += ["--seconds", str(seconds or 15)]
+    timeline = os.path.join(r.logs, "profile_np2_timeline.json")
+    for np_ in (1, 2):
+        env = {"TFRING_TIMELINE": timeline} if np_ == 2 else {}
+        r.run(f"profile_np{np_}", np_, 300, "training.py", args + ["--label", f"profile_np{np_}"],
+              env)
+    if os.path.exists(timeline):
+        subprocess.run([sys.executable, os.path.join(HERE, "step_timeline.py"), timeline,
+                        "--out", os.path.join(r.results, "profile.jsonl"),
+                        "--skip", "3" if quick else "20"], cwd=ROOT, timeout=300)
+        os.remove(timeline)  # large; the numbers are in profile.jsonl
+
+
 def sh(cmd):
     try:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True,
@@ -278,8 +308,12 @@ def main(argv=None):
                 run_small(r, args.quick)
             elif p == "collectives":
                 run_collectives(r, args.quick, nps, planes, args.max_bytes)
+            elif p == "independent":
+                run_independent(r, args.quick, nps)
             elif p == "training":
                 run_training(r, args.quick, args.training_seconds)
+            elif p == "profile":
+                run_profile(r, args.quick, args.training_seconds)
         info = machine_info(args.quick, started, bc.now_iso())
         info["loadavg_start"] = load_start
         info["parts"] = list(parts)

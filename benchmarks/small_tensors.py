@@ -15,6 +15,11 @@ Measures, on every rank, each timed call started together by an mpi4py
   response cache doing their work);
 * ``floor200``: the same step with each allreduce replaced by a multiply:
   TensorFlow's own cost of running a 200-op, 200-output function;
+* ``chain``: one ``tf.function`` of ``--chain`` (50) 4 KB allreduces, each
+  consuming the previous one's output, so that nothing fuses and TF's
+  dispatch of the function is amortised: per-op time = call time / 50. Next
+  to it ``chain_floor`` (the same chain of multiplies: TF's own per-op cost)
+  and ``chain_mpi4py`` (50 ``comm.Allreduce`` calls on numpy in a loop);
 * single 4 KB latency: the tfring allreduce called eagerly
   (``eager_allreduce``) and inside a ``tf.function`` (``function_allreduce``),
   mpi4py ``comm.Allreduce`` on numpy (``mpi4py_allreduce``), and TF's
@@ -46,6 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=40.0,
                    help="cap in seconds on each of the two phases (steps, latency)")
     p.add_argument("--tensors", type=int, default=N_TENSORS)
+    p.add_argument("--chain", type=int, default=50, help="chained allreduces per function call")
     p.add_argument("--quick", action="store_true", help="few steps (smoke run)")
     p.add_argument("--label", help="name of this configuration (default: cache_on/cache_off "
                                    "from TFRING_CACHE_CAPACITY)")
@@ -132,8 +138,51 @@ def main(argv=None):
             floor_times.append(f)
     step_times, floor_times = slowest(step_times), slowest(floor_times)
 
-    # --- single 4 KB latency ------------------------------------------------
+    # --- a chain of 4 KB allreduces in one tf.function -----------------------
     x = tf.fill([count], float(rank + 1))
+    one = tf.constant(1.0)
+
+    @tf.function
+    def chain(t):
+        for i in range(args.chain):
+            # Each consumes the last: the ops cannot fuse or overlap.
+            t = hvd.allreduce(t, op=hvd.Average, name=f"chain_{i}")
+        return t
+
+    @tf.function
+    def chain_floor(t, s):
+        for _ in range(args.chain):
+            t = t * s
+        return t
+
+    a = np.full(count, float(rank + 1), np.float32)
+    b = np.empty_like(a)
+
+    def chain_mpi():
+        src, dst = a, b
+        for _ in range(args.chain):
+            comm.Allreduce(src, dst, op=MPI.SUM)
+            src, dst = dst, src
+
+    got = float(chain(x)[0].numpy())
+    want = float(n * (n + 1) // 2) / n
+    if abs(got - want) > 1e-5:
+        raise AssertionError(f"chain: got {got}, want {want}")
+    chain_floor(x, one)
+    chains = {"chain": lambda: chain(x), "chain_floor": lambda: chain_floor(x, one),
+              "chain_mpi4py": chain_mpi}
+    chain_t = {k: [] for k in chains}
+    began = time.perf_counter()
+    for i in range(5 + args.steps):
+        if i >= 5 and out_of_time(began, args.budget, i - 5):
+            break
+        for k, fn in chains.items():
+            t = timed(fn, 1)[0]
+            if i >= 5:
+                chain_t[k].append(t / args.chain)
+    chain_t = {k: slowest(v) for k, v in chain_t.items()}
+
+    # --- single 4 KB latency ------------------------------------------------
     a = np.full(count, float(rank + 1), np.float32)
     b = np.empty_like(a)
     fn_allreduce = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum, name="lat_function"))
@@ -167,12 +216,16 @@ def main(argv=None):
            "warmup_steps": args.warmup_steps, "latency_iters": args.latency_iters,
            "steps_done": len(step_times), "latency_iters_done": len(lat["eager_allreduce"]),
            "step200": bc.summary(step_times), "floor200": bc.summary(floor_times),
+           "chain_length": args.chain,
+           "chain_per_op": {k: bc.summary(v) for k, v in chain_t.items()},
            "latency": {k: bc.summary(v) for k, v in lat.items()}}
     m = {k: v["median"] for k, v in rec["latency"].items()}
     rec["latency_target_s"] = 1.5 * (m["mpi4py_allreduce"] + m["function_identity"])
     bc.append_jsonl(args.out, [rec])
     log(f"{args.tensors} x 4 KB allreduce step: median {bc.human_time(rec['step200']['median'])}"
         f" (TF floor, {args.tensors} multiplies: {bc.human_time(rec['floor200']['median'])})")
+    for k, v in rec["chain_per_op"].items():
+        log(f"  4 KB per op in a chain of {args.chain}: {k:<14} median {bc.human_time(v['median'])}")
     for k, v in m.items():
         log(f"  4 KB {k:<20} median {bc.human_time(v)}")
     log(f"  target for function_allreduce: <= 1.5 x (mpi4py + identity dispatch) = "

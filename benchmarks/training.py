@@ -52,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--sync-count", type=int, default=1, help="processes meeting in --sync-dir")
     p.add_argument("--sync-timeout", type=float, default=300.0)
     p.add_argument("--quick", action="store_true", help="3 s measured, short warm-up")
+    p.add_argument("--profile", action="store_true",
+                   help="record each thread's CPU seconds over the measured phase "
+                        "(tfring's background thread is named tfring-bg)")
     return p.parse_args(argv)
 
 
@@ -147,11 +150,13 @@ def main(argv=None):
     steps = max(5, math.ceil(args.seconds / per_batch))
     log(f"  warm-up {warmup_s:.1f} s; about {per_batch * 1e3:.1f} ms per batch; "
         f"measuring {steps} batches")
+    cpu0, wall0 = (bc.thread_cpu(), time.perf_counter()) if args.profile else (None, None)
     ends = fit(steps)
+    profile = thread_profile(cpu0, time.perf_counter() - wall0, steps) if args.profile else None
     ips = (len(ends) - 1) * args.batch_size / (ends[-1] - ends[0])
     loss = float(model.evaluate(data, steps=1, verbose=0))
     row = {"rank": rank, "pid": os.getpid(), "images_per_sec": ips, "batch_end_times": ends,
-           "loss": loss}
+           "loss": loss, "profile": profile}
     rows = comm.gather(row, root=0)
     comm.Barrier()
     hvd.shutdown()
@@ -168,6 +173,27 @@ def main(argv=None):
     total = sum(r["images_per_sec"] for r in rows)
     per = ", ".join(f"{r['images_per_sec']:.1f}" for r in rows)
     log(f"  images/sec per rank: {per}; total {total:.1f} ({label_np(n)})")
+    for r in rows:
+        if r["profile"]:
+            p = r["profile"]
+            log(f"  rank {r['rank']}: {p['wall_s']:.1f} s measured, CPU-s/s by thread: " +
+                ", ".join(f"{k} {v:.3f}" for k, v in p["cpu_per_s"].items()) +
+                "; CPU ms per step: " +
+                ", ".join(f"{k} {v:.1f}" for k, v in p["cpu_ms_per_step"].items()))
+
+
+def thread_profile(before, wall_s, steps):
+    """CPU seconds per wall second over the measured phase, summed by thread
+    name, and CPU milliseconds per step."""
+    after = bc.thread_cpu()
+    by_name = {}
+    for tid, (name, cpu) in after.items():
+        used = cpu - before.get(tid, (name, 0.0))[1]
+        by_name[name] = by_name.get(name, 0.0) + used
+    per_s = {k: v / wall_s for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]) if v > 0}
+    per_step = {k: v * wall_s * 1e3 / steps for k, v in per_s.items()}
+    return {"wall_s": wall_s, "steps": steps, "cpu_per_s": per_s,
+            "total_cpu_per_s": sum(per_s.values()), "cpu_ms_per_step": per_step}
 
 
 def label_np(n):

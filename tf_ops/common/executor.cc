@@ -30,11 +30,17 @@ Status Executor::PackAllreduce(const std::vector<ReduceSlot>& slots, DataType dt
                                double prescale, PackedReduction* out) {
   const int64_t esize = DataTypeSize(dtype);
   if (slots.size() == 1 && slots[0].input && slots[0].output) {
-    // One tensor: reduce straight in its output, no fusion copy.
+    // One tensor: the plane reduces its input straight into its output, with
+    // no fusion copy and no staging copy of the input. Only a prescale, which
+    // must not touch the caller's input, needs the input in the output first.
     const ReduceSlot& slot = slots[0];
     out->buffer = slot.output;
     out->count = slot.count;
     out->fused = false;
+    if (prescale == 1.0) {
+      out->input = slot.input;
+      return Status::OK();
+    }
     Status s;
     if (slot.output != slot.input) s = Copy(slot.output, slot.input, slot.count * esize);
     if (Failed(s)) return s;
@@ -220,13 +226,20 @@ RunResult RunAllreduce(Executor& executor, DataPlane& plane, const std::vector<R
   if (packed.fused) phase("MEMCPY_IN_FUSION_BUFFER", start);
   if (Failed(s)) return Settle(executor, s, queued);
   start = Clock::now();
+  const void* input = packed.input ? packed.input : packed.buffer;
   if (op == ReduceOp::ADASUM) {
-    // Adasum needs the tensor boundaries: its dot products are per tensor.
+    // Adasum needs the tensor boundaries: its dot products are per tensor;
+    // and it works in place.
+    if (input != packed.buffer) {
+      s = executor.Copy(packed.buffer, input, packed.count * DataTypeSize(dtype));
+      queued |= s.in_progress();
+      if (Failed(s)) return Settle(executor, s, queued);
+    }
     std::vector<int64_t> counts(slots.size());
     for (size_t i = 0; i < slots.size(); ++i) counts[i] = slots[i].count;
     s = plane.Adasum(packed.buffer, counts, dtype);
   } else {
-    s = plane.Allreduce(packed.buffer, packed.count, dtype, plane_op);
+    s = plane.Allreduce(input, packed.buffer, packed.count, dtype, plane_op);
   }
   queued |= s.in_progress();
   phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE), start);

@@ -43,10 +43,13 @@ struct ReduceSlot {
 
 // What PackAllreduce hands to the data plane.
 struct PackedReduction {
-  void* buffer = nullptr;  // reduced in place by the plane
+  // What the plane reduces: from `input` into `buffer`. Null `input` means
+  // `buffer` itself (in place).
+  const void* input = nullptr;
+  void* buffer = nullptr;
   int64_t count = 0;       // elements
   // True when the tensors were copied into the fusion buffer; false when the
-  // only tensor is reduced directly in its output (no extra copy).
+  // only tensor is reduced straight from its input into its output (no copy).
   bool fused = false;
   FusionLayout layout;     // byte offset of each slot in `buffer` (when fused)
 };

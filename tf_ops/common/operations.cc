@@ -7,6 +7,7 @@
 #include <cstring>
 #include <future>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 #include <unistd.h>
 
@@ -111,6 +112,8 @@ std::string PlanePhase(const DataPlane& plane, CollectiveType type) {
 
 // Waits at shutdown for collectives a device is still running.
 constexpr double kDrainSeconds = 10.0;
+// A negotiation round at least this long means the ranks are out of step.
+constexpr std::chrono::microseconds kInStepRound{500};
 // How soon the loop looks again at collectives a device is running.
 constexpr std::chrono::microseconds kInFlightPoll{100};
 
@@ -427,7 +430,8 @@ void ApplyTunedParams(const ResponseList& p) {
 // Runs one negotiation round on every process set this rank belongs to.
 // Returns false when the job is shutting down; `why` then says why, and
 // `broken` whether communication itself failed (a dead peer, a transport error).
-bool RunLoopOnce(Status* why, bool* broken, int* executed) {
+// `negotiation` gets how long the global set's negotiation round took.
+bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* negotiation) {
   GlobalState& st = state();
   st.timeline.MarkCycle();
   for (const auto& ps : st.process_sets.All()) {
@@ -443,7 +447,9 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed) {
       mine.shutdown_reason = st.shutdown_reason;
     }
     ResponseList responses;
+    const auto round_start = Clock::now();
     Status s = ps->controller->ComputeResponseList(mine, &responses);
+    if (ps->id == kGlobalProcessSetId) *negotiation = Clock::now() - round_start;
     if (!s.ok()) {
       *broken = true;
       *why = s.message().rfind("tfring stopped", 0) == 0
@@ -555,6 +561,9 @@ bool HasInFlight() {
 // kIdleCap when there is nothing at all, so an idle job costs almost no CPU.
 void BackgroundLoop() {
   GlobalState& st = state();
+  // A name in /proc/<pid>/task/*/comm, so profiles (benchmarks/training.py
+  // --profile, perf, top -H) can tell this thread's CPU from TF's.
+  pthread_setname_np(pthread_self(), "tfring-bg");
   using Clock = std::chrono::steady_clock;
   auto cycle_now = [&] {
     return std::chrono::duration_cast<Clock::duration>(
@@ -564,10 +573,20 @@ void BackgroundLoop() {
   auto last_stall_warning = Clock::now();
   Status why;
   bool broken = false;
+  // Eager polling only pays while the ranks run in step: then a peer answers
+  // within microseconds. A round that waited long (a peer still computing)
+  // or that had nothing to do (this rank idle) says they do not, and an
+  // eager wait would then spin for milliseconds on the CPU that the peer's
+  // (or this rank's) TF threads need: at np=2 on 2 cores that cost 10-15 ms
+  // of CPU per training step (benchmarks/RESULTS.md, the step breakdown).
+  bool in_step = false;
   while (true) {
     int executed = 0;
-    SetUrgentWaits(HasPendingWork());
-    if (!RunLoopOnce(&why, &broken, &executed)) break;
+    const bool pending = HasPendingWork();
+    SetUrgentWaits(pending && in_step);
+    Clock::duration negotiation{};
+    if (!RunLoopOnce(&why, &broken, &executed, &negotiation)) break;
+    in_step = pending && negotiation < kInStepRound;
     CheckForStalls(&last_stall_warning);
     const Clock::duration cycle = cycle_now();
     const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));

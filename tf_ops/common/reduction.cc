@@ -77,35 +77,36 @@ uint16_t FloatToBFloat16(float f) {
 
 namespace {
 
+// dst[i] = op(a[i], b[i]); dst is either a itself or disjoint from it.
 template <typename T>
-void ReduceTyped(T* dst, const T* src, int64_t n, ReduceOp op) {
+void ReduceTyped(T* dst, const T* a, const T* src, int64_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::SUM:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] + src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] + src[i]);
       break;
     case ReduceOp::MIN:
-      for (int64_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::min(a[i], src[i]);
       break;
     case ReduceOp::MAX:
-      for (int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::max(a[i], src[i]);
       break;
     case ReduceOp::PRODUCT:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] * src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] * src[i]);
       break;
     default:
       break;
   }
 }
 
-void ReduceBool(uint8_t* dst, const uint8_t* src, int64_t n, ReduceOp op) {
+void ReduceBool(uint8_t* dst, const uint8_t* a, const uint8_t* src, int64_t n, ReduceOp op) {
   const bool any = (op == ReduceOp::SUM || op == ReduceOp::MAX);
-  for (int64_t i = 0; i < n; ++i) dst[i] = any ? (dst[i] || src[i]) : (dst[i] && src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = any ? (a[i] || src[i]) : (a[i] && src[i]);
 }
 
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
-void Reduce16(uint16_t* dst, const uint16_t* src, int64_t n, ReduceOp op) {
+void Reduce16(uint16_t* dst, const uint16_t* x, const uint16_t* src, int64_t n, ReduceOp op) {
   for (int64_t i = 0; i < n; ++i) {
-    float a = ToF(dst[i]), b = ToF(src[i]), r = a;
+    float a = ToF(x[i]), b = ToF(src[i]), r = a;
     switch (op) {
       case ReduceOp::SUM: r = a + b; break;
       case ReduceOp::MIN: r = std::min(a, b); break;
@@ -137,28 +138,41 @@ void Scale16(uint16_t* buf, int64_t n, double factor) {
 }  // namespace
 
 Status ReduceInto(void* dst, const void* src, int64_t n, DataType dtype, ReduceOp op) {
+  return ReduceTo(dst, dst, src, n, dtype, op);
+}
+
+Status ReduceTo(void* dst, const void* a, const void* b, int64_t n, DataType dtype, ReduceOp op) {
   if (op != ReduceOp::SUM && op != ReduceOp::MIN && op != ReduceOp::MAX &&
       op != ReduceOp::PRODUCT) {
     return Status::InvalidArgument(std::string("tfring: reduce op ") + ReduceOpName(op) +
                                    " cannot be applied element-wise");
   }
+#define TFRING_REDUCE_TO(T) \
+  ReduceTyped(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n, op)
   switch (dtype) {
-    case DataType::UINT8: ReduceTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op); break;
-    case DataType::INT8: ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n, op); break;
-    case DataType::UINT16: ReduceTyped(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op); break;
-    case DataType::INT16: ReduceTyped(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n, op); break;
-    case DataType::INT32: ReduceTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op); break;
-    case DataType::INT64: ReduceTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op); break;
-    case DataType::FLOAT32: ReduceTyped(static_cast<float*>(dst), static_cast<const float*>(src), n, op); break;
-    case DataType::FLOAT64: ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(src), n, op); break;
-    case DataType::BOOL: ReduceBool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op); break;
+    case DataType::UINT8: TFRING_REDUCE_TO(uint8_t); break;
+    case DataType::INT8: TFRING_REDUCE_TO(int8_t); break;
+    case DataType::UINT16: TFRING_REDUCE_TO(uint16_t); break;
+    case DataType::INT16: TFRING_REDUCE_TO(int16_t); break;
+    case DataType::INT32: TFRING_REDUCE_TO(int32_t); break;
+    case DataType::INT64: TFRING_REDUCE_TO(int64_t); break;
+    case DataType::FLOAT32: TFRING_REDUCE_TO(float); break;
+    case DataType::FLOAT64: TFRING_REDUCE_TO(double); break;
+    case DataType::BOOL:
+      ReduceBool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                 static_cast<const uint8_t*>(b), n, op);
+      break;
     case DataType::FLOAT16:
-      Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
+      Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                                         static_cast<const uint16_t*>(b), n, op);
       break;
     case DataType::BFLOAT16:
-      Reduce16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
+      Reduce16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(dst),
+                                                 static_cast<const uint16_t*>(a),
+                                                 static_cast<const uint16_t*>(b), n, op);
       break;
   }
+#undef TFRING_REDUCE_TO
   return Status::OK();
 }
 

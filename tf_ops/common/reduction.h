@@ -14,6 +14,10 @@ namespace tfring {
 // dst[i] = op(dst[i], src[i]). op is one of SUM, MIN, MAX, PRODUCT; bool
 // treats SUM/MAX as "or" and MIN/PRODUCT as "and".
 Status ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
+// dst[i] = op(a[i], b[i]): a reduction out of place, with no copy of `a`
+// into `dst` first. `dst` may be `a` (then it is ReduceInto(dst, b)).
+Status ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType dtype,
+                ReduceOp op);
 
 // buf[i] *= factor. Integers are scaled in double precision and truncated.
 Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);

@@ -28,9 +28,10 @@ DataPlane* DataPlaneSelector::Select(CollectiveType type, int32_t device, int64_
 }
 
 // Called as a plane itself, the selector moves host memory only.
-Status DataPlaneSelector::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
+Status DataPlaneSelector::Allreduce(const void* input, void* output, int64_t count,
+                                    DataType dtype, ReduceOp op) {
   return Select(CollectiveType::ALLREDUCE, kCpuDevice, count * DataTypeSize(dtype))
-      ->Allreduce(buffer, count, dtype, op);
+      ->Allreduce(input, output, count, dtype, op);
 }
 
 Status DataPlaneSelector::Allgather(const void* send, void* recv,

@@ -47,7 +47,9 @@ class DataPlaneSelector : public DataPlane {
   bool has_shm() const { return shm_ != nullptr; }
   bool has_cross_host() const { return cross_host_ != nullptr; }
 
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  using DataPlane::Allreduce;
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) override;
   Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
   Status Broadcast(void* buffer, int64_t bytes, int root) override;
   Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,

@@ -27,6 +27,7 @@
 // Everything runs on point-to-point messages of the set's communicator and
 // communicators split from it, whatever the transport.
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "../logging.h"
@@ -41,7 +42,9 @@ class HierarchicalDataPlane : public DataPlane {
  public:
   const char* name() const override { return "hierarchical"; }
 
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  using DataPlane::Allreduce;
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) override;
   Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override {
     return flat_->Allgather(send, recv, recv_bytes);
   }
@@ -72,8 +75,8 @@ class HierarchicalDataPlane : public DataPlane {
   std::vector<char> share_;
 };
 
-Status HierarchicalDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype,
-                                        ReduceOp op) {
+Status HierarchicalDataPlane::Allreduce(const void* input, void* output, int64_t count,
+                                        DataType dtype, ReduceOp op) {
   if (op != ReduceOp::SUM && op != ReduceOp::MIN && op != ReduceOp::MAX &&
       op != ReduceOp::PRODUCT) {
     return Status::InvalidArgument(
@@ -82,7 +85,8 @@ Status HierarchicalDataPlane::Allreduce(void* buffer, int64_t count, DataType dt
   }
   if (count <= 0) return Status::OK();
   const int64_t esize = DataTypeSize(dtype);
-  char* buf = static_cast<char*>(buffer);
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
   // Share l of the buffer belongs to lane l; local ranks beyond the lanes get
   // nothing. Every rank of the set computes the same shares.
   std::vector<int64_t> counts(local_size_, 0);
@@ -93,16 +97,20 @@ Status HierarchicalDataPlane::Allreduce(void* buffer, int64_t count, DataType dt
 
   if (local_ == nullptr) {
     // Alone on this host: the whole buffer is this rank's share.
-    return lane_ ? lane_->Allreduce(buf, count, dtype, op) : Status::OK();
+    if (lane_) return lane_->Allreduce(in, out, count, dtype, op);
+    if (out != in) std::memcpy(out, in, count * esize);
+    return Status::OK();
   }
   if (share_.size() < static_cast<size_t>(std::max<int64_t>(1, mine * esize))) {
     share_.resize(std::max<int64_t>(1, mine * esize));
   }
-  TFRING_RETURN_IF_ERROR(local_->Reducescatter(buf, share_.data(), counts, dtype, op));
+  // Out of place by construction: the input is only read by the
+  // reducescatter, the output only written by the allgather.
+  TFRING_RETURN_IF_ERROR(local_->Reducescatter(in, share_.data(), counts, dtype, op));
   if (lane_ && mine > 0) TFRING_RETURN_IF_ERROR(lane_->Allreduce(share_.data(), mine, dtype, op));
   std::vector<int64_t> bytes(local_size_);
   for (int l = 0; l < local_size_; ++l) bytes[l] = counts[l] * esize;
-  return local_->Allgather(share_.data(), buf, bytes);
+  return local_->Allgather(share_.data(), out, bytes);
 }
 
 }  // namespace

@@ -30,18 +30,21 @@ Status ToIntCounts(const std::vector<int64_t>& bytes, std::vector<int>* counts,
 
 }  // namespace
 
-Status MPIDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
+Status MPIDataPlane::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                               ReduceOp op) {
   MPI_Op mpi_op;
   TFRING_RETURN_IF_ERROR(MPIReduceOp(dtype, op, &mpi_op));
   // Non-blocking collectives and a polling wait, so that a dead peer (noticed
 // by the communicator's peer monitor) ends the wait with an error.
 // Split very large buffers so each call stays within MPI's int counts.
-  char* p = static_cast<char*>(buffer);
+  char* p = static_cast<char*>(output);
+  const char* in = static_cast<const char*>(input);
   const int64_t esize = DataTypeSize(dtype);
   for (int64_t done = 0; done < count;) {
     int64_t n = std::min(count - done, kMaxCount);
     MPI_Request req;
-    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Iallreduce(MPI_IN_PLACE, p + done * esize,
+    const void* send = in == p ? MPI_IN_PLACE : in + done * esize;
+    TFRING_RETURN_IF_ERROR(MPIStatus(MPI_Iallreduce(send, p + done * esize,
                                                     static_cast<int>(n), MPIDataType(dtype),
                                                     mpi_op, comm_->get(), &req),
                                      "Iallreduce"));

@@ -16,7 +16,9 @@ class MPIDataPlane : public DataPlane {
  public:
   explicit MPIDataPlane(std::shared_ptr<MPICommunicator> comm) : comm_(std::move(comm)) {}
   const char* name() const override { return "MPI"; }
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  using DataPlane::Allreduce;
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) override;
   Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
   Status Broadcast(void* buffer, int64_t bytes, int root) override;
   Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,

@@ -143,7 +143,9 @@ class RingDataPlane : public DataPlane {
 
   const char* name() const override { return "ring"; }
 
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  using DataPlane::Allreduce;
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) override;
   Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
   Status Broadcast(void* buffer, int64_t bytes, int root) override;
   Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
@@ -282,12 +284,18 @@ Status RingDataPlane::Run(const Plan& p) {
   return s;
 }
 
-Status RingDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
+Status RingDataPlane::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                                ReduceOp op) {
   TFRING_RETURN_IF_ERROR(CheckReduceOp(op, "allreduce"));
   const int n = comm_->size(), r = comm_->rank();
-  if (n == 1 || count <= 0) return Status::OK();
+  if (count <= 0) return Status::OK();
   const int64_t esize = DataTypeSize(dtype);
-  char* buf = static_cast<char*>(buffer);
+  const char* in = static_cast<const char*>(input);
+  char* buf = static_cast<char*>(output);
+  if (n == 1) {
+    if (buf != in) std::memcpy(buf, in, count * esize);
+    return Status::OK();
+  }
 
   // Blocks of count/n elements (the first count % n one more); with fewer
   // elements than ranks some blocks are empty and their pieces are empty
@@ -313,7 +321,12 @@ Status RingDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype, Red
   plan.pieces = &pieces;
   plan.send_block = [&](int s) { return Mod(r - s, n); };
   plan.recv_block = [&](int s) { return Mod(r - s - 1, n); };
-  plan.send_base = [&](int, int b) -> const char* { return buf + off[b] * esize; };
+  // Out of place: step 0 sends this rank's own block, still untouched, from
+  // the input; every later send is of a block reduced (or received) into
+  // the output, so the input is never copied to the output.
+  plan.send_base = [&](int s, int b) -> const char* {
+    return (s == 0 ? in : buf) + off[b] * esize;
+  };
   // Scatter-reduce steps receive into slots and reduce into the buffer; the
   // allgather steps receive straight into the buffer.
   plan.recv_base = [&](int s, int b) -> char* {
@@ -322,7 +335,10 @@ Status RingDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype, Red
   plan.slot_bytes = CeilDiv(max_len, nseg) * esize;
   plan.on_recv = [&](int s, int b, const Piece& pc, char* data) -> Status {
     if (s >= n - 1 || pc.len == 0) return Status::OK();
-    return ReduceInto(buf + off[b] * esize + pc.off, data, pc.len / esize, dtype, op);
+    // This rank's own share of block b is still only in the input: each
+    // block reaches a rank once in these steps.
+    const int64_t at = off[b] * esize + pc.off;
+    return ReduceTo(buf + at, in + at, data, pc.len / esize, dtype, op);
   };
   // A block is reduced at step s and received again (final) at step s + n:
   // n * nseg receives later. Keeping the window within that distance means

@@ -3,14 +3,15 @@
 // Every collective is a sequence of steps; in each, a rank fills its own slot
 // (one chunk-sized place per rank), publishes, waits for the others, and
 // reads from theirs. Data is read from and written to the caller's buffers
-// directly: a rank never stages its own share, and results land in place.
+// directly: a rank never stages its own share, and results land in the
+// output (which may be the input) with no copy of the input made first.
 //
 //   Allreduce (large): the message is cut into blocks of size x chunk; within
 //     a block, rank j owns slice j. In step k a rank copies the slices it does
 //     not own of block k into its slot (place j for owner j) and its reduced
 //     slice of block k-1 (place rank); after the exchange it copies the
 //     reduced slices of block k-1 out of the owners' slots, and reduces its
-//     own slice of block k from its input plus the peers' copies, in place.
+//     own slice of block k from its input plus the peers' copies into the output.
 //     So one exchange per block, each rank reduces 1/size of the message, and
 //     each byte is copied once into and once out of shared memory.
 //   Allreduce (small): one step; every rank copies its whole input in and
@@ -88,7 +89,9 @@ class ShmDataPlane : public DataPlane {
 
   const char* name() const override { return "SHM"; }
 
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override;
+  using DataPlane::Allreduce;
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) override;
   Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
   Status Broadcast(void* buffer, int64_t bytes, int root) override;
   Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
@@ -98,8 +101,8 @@ class ShmDataPlane : public DataPlane {
   Status Barrier() override;
 
  private:
-  Status SmallAllreduce(char* buf, int64_t count, DataType dtype, ReduceOp op);
-  Status PipelinedAllreduce(char* buf, int64_t count, DataType dtype, ReduceOp op);
+  Status SmallAllreduce(const char* in, char* out, int64_t count, DataType dtype, ReduceOp op);
+  Status PipelinedAllreduce(const char* in, char* out, int64_t count, DataType dtype, ReduceOp op);
 
   // Starts a step: its number (this rank's slot for it is seg_->slot(rank_, t)).
   uint32_t BeginStep() { return step_++; }
@@ -130,34 +133,40 @@ class ShmDataPlane : public DataPlane {
   Status broken_;
 };
 
-Status ShmDataPlane::Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
+Status ShmDataPlane::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                               ReduceOp op) {
   TFRING_RETURN_IF_ERROR(Usable());
   TFRING_RETURN_IF_ERROR(CheckReduceOp(op));
   if (count < 0) return Status::InvalidArgument("tfring: negative element count in allreduce");
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
   // Every rank sees the same count, so all skip together.
-  if (count == 0 || size_ == 1) return Status::OK();
-  char* buf = static_cast<char*>(buffer);
-  if (count * DataTypeSize(dtype) <= seg_->layout().small_allreduce_bytes) {
-    return SmallAllreduce(buf, count, dtype, op);
+  if (count == 0) return Status::OK();
+  if (size_ == 1) {
+    if (out != in) std::memcpy(out, in, count * DataTypeSize(dtype));
+    return Status::OK();
   }
-  return PipelinedAllreduce(buf, count, dtype, op);
+  if (count * DataTypeSize(dtype) <= seg_->layout().small_allreduce_bytes) {
+    return SmallAllreduce(in, out, count, dtype, op);
+  }
+  return PipelinedAllreduce(in, out, count, dtype, op);
 }
 
-Status ShmDataPlane::SmallAllreduce(char* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status ShmDataPlane::SmallAllreduce(const char* in, char* out, int64_t count, DataType dtype,
+                                    ReduceOp op) {
   const int64_t bytes = count * DataTypeSize(dtype);
   const uint32_t t = BeginStep();
-  std::memcpy(seg_->slot(rank_, t), buf, bytes);
+  std::memcpy(seg_->slot(rank_, t), in, bytes);
   TFRING_RETURN_IF_ERROR(Exchange(t));
-  // The same order on every rank, so floating-point results agree bit for bit.
-  if (rank_ != 0) std::memcpy(buf, seg_->slot(0, t), bytes);
-  for (int j = 1; j < size_; ++j) {
-    Status s = ReduceInto(buf, seg_->slot(j, t), count, dtype, op);
-    if (!s.ok()) return Fail(s);
-  }
-  return Status::OK();
+  // The same order on every rank, so floating-point results agree bit for
+  // bit; the first reduction writes the output, so nothing is copied to it.
+  Status s = ReduceTo(out, seg_->slot(0, t), seg_->slot(1, t), count, dtype, op);
+  for (int j = 2; j < size_ && s.ok(); ++j) s = ReduceInto(out, seg_->slot(j, t), count, dtype, op);
+  return s.ok() ? s : Fail(s);
 }
 
-Status ShmDataPlane::PipelinedAllreduce(char* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status ShmDataPlane::PipelinedAllreduce(const char* in, char* buf, int64_t count, DataType dtype,
+                                        ReduceOp op) {
   const int64_t esize = DataTypeSize(dtype);
   const int64_t per_chunk = chunk_ / esize;  // chunk_ is a multiple of 4 KiB
   const int64_t block = per_chunk * size_;
@@ -185,7 +194,7 @@ Status ShmDataPlane::PipelinedAllreduce(char* buf, int64_t count, DataType dtype
       for (int j = 0; j < size_; ++j) {
         if (j == rank_) continue;
         slice(k, j, &off, &len);
-        std::memcpy(mine + j * chunk_, buf + off * esize, len * esize);
+        std::memcpy(mine + j * chunk_, in + off * esize, len * esize);
       }
     }
     TFRING_RETURN_IF_ERROR(Exchange(t));
@@ -196,12 +205,15 @@ Status ShmDataPlane::PipelinedAllreduce(char* buf, int64_t count, DataType dtype
         std::memcpy(buf + off * esize, seg_->slot(j, t) + j * chunk_, len * esize);
       }
     }
-    if (k < blocks) {  // reduce my slice of this block in place
+    if (k < blocks) {  // reduce my slice of this block from the input into the output
       slice(k, rank_, &off, &len);
+      const char* acc = in + off * esize;  // the first reduction reads the input
       for (int j = 0; j < size_ && len > 0; ++j) {
         if (j == rank_) continue;
-        Status s = ReduceInto(buf + off * esize, seg_->slot(j, t) + rank_ * chunk_, len, dtype, op);
+        char* dst = buf + off * esize;
+        Status s = ReduceTo(dst, acc, seg_->slot(j, t) + rank_ * chunk_, len, dtype, op);
         if (!s.ok()) return Fail(s);
+        acc = dst;
       }
     }
   }

@@ -923,13 +923,18 @@ class FakePlane : public DataPlane {
   FakePlane(const char* name, bool gpu = false, int peers = 1) : name_(name), gpu_(gpu), peers_(peers) {}
   const char* name() const override { return name_; }
   bool on_gpu() const override { return gpu_; }
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override {
+  using DataPlane::Allreduce;
+  Status Allreduce(const void* input, void* buffer, int64_t count, DataType dtype,
+                   ReduceOp op) override {
     calls.push_back(std::string("allreduce ") + ReduceOpName(op));
-    auto work = [buffer, count, dtype, this] {
+    last_in_place = input == buffer;
+    auto work = [input, buffer, count, dtype, this] {
       CHECK(dtype == DataType::FLOAT32 || dtype == DataType::INT32);
       for (int64_t i = 0; i < count; ++i) {
-        if (dtype == DataType::FLOAT32) static_cast<float*>(buffer)[i] *= 1 + peers_;
-        else static_cast<int32_t*>(buffer)[i] *= 1 + peers_;
+        if (dtype == DataType::FLOAT32)
+          static_cast<float*>(buffer)[i] = static_cast<const float*>(input)[i] * (1 + peers_);
+        else
+          static_cast<int32_t*>(buffer)[i] = static_cast<const int32_t*>(input)[i] * (1 + peers_);
       }
     };
     if (stream) {
@@ -957,6 +962,7 @@ class FakePlane : public DataPlane {
   Status Barrier() override { return Status::OK(); }
 
   std::vector<std::string> calls;
+  bool last_in_place = false;
   std::vector<std::function<void()>>* stream = nullptr;
   int keep = 0;
 
@@ -993,14 +999,27 @@ static void TestCpuExecutor() {
     CHECK(out_a[0] == 1 && out_a[1] == 2 && out_b[0] == 3);
   }
   {
-    // One tensor is reduced in its own output: no fusion buffer, no phases for it.
+    // One tensor is reduced from its input straight into its output: no
+    // fusion buffer, no phases for it, and no staging copy (the plane gets
+    // the input and the output, not the output with the input copied in).
     int32_t in[3] = {6, 7, -7}, out[3] = {0, 0, 0};
     std::vector<std::string> phases;
     RunResult run = RunAllreduce(cpu, plane, {{in, out, 3}}, DataType::INT32, ReduceOp::AVERAGE,
                                  1.0, 1.0, 3, Recorder(&phases));
     CHECK(run.status.ok() && !run.pending);
+    CHECK(!plane.last_in_place);
     // (x * 2) / 3 with C truncation: 12/3, 14/3, -14/3
-    CHECK(out[0] == 4 && out[1] == 4 && out[2] == -4 && in[0] == 6);
+    CHECK(out[0] == 4 && out[1] == 4 && out[2] == -4 && in[0] == 6 && in[1] == 7 && in[2] == -7);
+  }
+  {
+    // A prescale must not touch the input: the output is then scaled in
+    // place and reduced there.
+    float in[2] = {1, 2}, out[2] = {0, 0};
+    std::vector<std::string> phases;
+    RunResult run = RunAllreduce(cpu, plane, {{in, out, 2}}, DataType::FLOAT32, ReduceOp::SUM,
+                                 3.0, 1.0, 2, Recorder(&phases));
+    CHECK(run.status.ok() && plane.last_in_place);
+    CHECK(out[0] == 6 && out[1] == 12 && in[0] == 1 && in[1] == 2);
     CHECK((phases == std::vector<std::string>{"FAKE_ALLREDUCE"}));
     CHECK((plane.calls.back() == "allreduce Sum"));  // AVERAGE is a SUM on the plane
   }

@@ -127,6 +127,13 @@ static void TestPlane(Named& t, DataPlane& mpi, int rank, int size, bool big, bo
                            " count " + std::to_string(c);
         CHECK_OK(t.plane->Allreduce(a.data(), c, dt, op), what);
         CheckSame(a, Reduced(c, dt, op, size, 0), what);
+        {
+          // Out of place: into a garbage output, the input left as it was.
+          std::vector<char> in = b, out(b.size(), static_cast<char>(0xA5));
+          CHECK_OK(t.plane->Allreduce(in.data(), out.data(), c, dt, op), what + " out of place");
+          CheckSame(out, Reduced(c, dt, op, size, 0), what + " out of place");
+          CheckSame(in, b, what + " out of place: the input");
+        }
         if (cross_check) {
           CHECK_OK(mpi.Allreduce(b.data(), c, dt, op), what + " (MPI)");
           CheckSame(a, b, what + " vs MPI");
@@ -141,7 +148,15 @@ static void TestPlane(Named& t, DataPlane& mpi, int rank, int size, bool big, bo
       Fill(&a, c, DataType::FLOAT32, rank, 1);
       std::string what = t.name + " allreduce float32 " + ReduceOpName(op) + " count " +
                          std::to_string(c);
-      CHECK_OK(t.plane->Allreduce(a.data(), c, DataType::FLOAT32, op), what);
+      if (op == ReduceOp::MAX) {  // out of place, across many pieces
+        std::vector<char> out(a.size(), static_cast<char>(0xA5));
+        const std::vector<char> before = a;
+        CHECK_OK(t.plane->Allreduce(a.data(), out.data(), c, DataType::FLOAT32, op), what);
+        CheckSame(a, before, what + " out of place: the input");
+        a.swap(out);
+      } else {
+        CHECK_OK(t.plane->Allreduce(a.data(), c, DataType::FLOAT32, op), what);
+      }
       CheckSame(a, Reduced(c, DataType::FLOAT32, op, size, 1), what);
     }
   }

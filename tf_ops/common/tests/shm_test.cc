@@ -126,10 +126,12 @@ class FakeBootstrap : public DataPlane {
     if (rank_ != root) std::memcpy(buffer, bus_->data[root], bytes);
     return Barrier();
   }
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) override {
+  using DataPlane::Allreduce;
+  Status Allreduce(const void* input, void* buffer, int64_t count, DataType dtype,
+                   ReduceOp op) override {
     const int64_t bytes = count * DataTypeSize(dtype);
     if (bytes > kBusBytes) return Status::InvalidArgument("fake allreduce too big");
-    std::memcpy(bus_->data[rank_], buffer, bytes);
+    std::memcpy(bus_->data[rank_], input, bytes);
     TFRING_RETURN_IF_ERROR(Barrier());
     std::memcpy(buffer, bus_->data[0], bytes);
     for (int j = 1; j < size_; ++j) TFRING_RETURN_IF_ERROR(ReduceInto(buffer, bus_->data[j], count, dtype, op));
@@ -249,13 +251,26 @@ void CheckAllreduce(PlaneUnderTest& p, int rank, int size, int64_t n, DataType d
   const int64_t bytes = n * DataTypeSize(dt);
   std::vector<char> buf(std::max<int64_t>(bytes, 1));
   Fill(buf.data(), n, dt, rank, salt);
-  Status s = p.plane->Allreduce(buf.data(), n, dt, op);
+  // Every other call out of place: the output starts as garbage, and the
+  // input must come back untouched.
+  const bool out_of_place = salt % 2 == 1;
+  std::vector<char> in = buf;
+  if (out_of_place) std::fill(buf.begin(), buf.end(), static_cast<char>(0xA5));
+  Status s = out_of_place ? p.plane->Allreduce(in.data(), buf.data(), n, dt, op)
+                          : p.plane->Allreduce(buf.data(), n, dt, op);
   CHECK(s.ok(), "%s allreduce %s %s n=%lld: %s", p.label, DataTypeName(dt), ReduceOpName(op),
         (long long)n, s.message().c_str());
   std::vector<char> want = Expected(n, dt, op, size, salt);
   int64_t at = FirstDifference(buf.data(), want.data(), bytes);
-  CHECK(at < 0, "%s allreduce %s %s n=%lld: first wrong byte %lld", p.label, DataTypeName(dt),
-        ReduceOpName(op), (long long)n, (long long)at);
+  CHECK(at < 0, "%s allreduce %s %s n=%lld%s: first wrong byte %lld", p.label, DataTypeName(dt),
+        ReduceOpName(op), (long long)n, out_of_place ? " out of place" : "", (long long)at);
+  if (out_of_place) {
+    std::vector<char> orig(in.size());
+    Fill(orig.data(), n, dt, rank, salt);
+    CHECK(FirstDifference(in.data(), orig.data(), bytes) < 0,
+          "%s allreduce %s %s n=%lld out of place changed its input", p.label, DataTypeName(dt),
+          ReduceOpName(op), (long long)n);
+  }
 }
 
 std::vector<int64_t> AllreduceSizes(int64_t chunk, int64_t esize, int size) {
