@@ -1,6 +1,7 @@
 """The TCP transport against MPI, in one run (issue 9's benchmark).
 
     python benchmarks/transport.py [--np 2,3] [--json out.json] [--skip-cross-host]
+                                   [--skip-same-host] [--sizes "4 KB,1 MB,64 MB"]
 
 Rows, each measured for both controllers (tfringrun --mpi and --tcp)
 launched one after the other in the same run:
@@ -186,12 +187,17 @@ def main():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--skip-cross-host", action="store_true")
+    p.add_argument("--skip-same-host", action="store_true")
     p.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--sizes", default=",".join(SIZES), help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default=",".join(SIZES),
+                   help="same-host rows to run (comma-separated, default all)")
     p.add_argument("--idle-seconds", type=float, default=3.0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.sizes = args.sizes.split(",")
+    args.sizes = [x.strip() for x in args.sizes.split(",")]
+    unknown = [x for x in args.sizes if x not in SIZES]
+    if unknown:
+        p.error(f"--sizes: unknown {unknown}; choose from {list(SIZES)}")
     if args.rank_mode:
         return rank_main(args)
 
@@ -200,8 +206,10 @@ def main():
     same_host = []
     for np_ in (int(n) for n in args.np.split(",")):
         for controller in ("mpi", "tcp"):
+            if args.skip_same_host:
+                break
             print(f"running np={np_} --{controller} ...", file=sys.stderr, flush=True)
-            same_host.append(launch(np_, controller, list(SIZES), args.timeout))
+            same_host.append(launch(np_, controller, args.sizes, args.timeout))
     cross = []
     if not args.skip_cross_host:
         for np_ in (int(n) for n in args.np.split(",")):
@@ -219,6 +227,8 @@ def main():
     for np_ in sorted({r["np"] for r in same_host}):
         by = {r["controller"]: r for r in same_host if r["np"] == np_}
         for label, nbytes in SIZES.items():
+            if label not in by["mpi"]["rows"]:
+                continue
             m, t = by["mpi"]["rows"][label], by["tcp"]["rows"][label]
             if label == "4 KB":
                 print(f"{np_:>2} {'4 KB latency (us)':<22} {m * 1e6:>12.1f} {t * 1e6:>12.1f} "
