@@ -2,6 +2,7 @@
 
     python benchmarks/transport.py [--np 2,3] [--json out.json] [--skip-cross-host]
                                    [--skip-same-host] [--sizes "4 KB,1 MB,64 MB"]
+    python benchmarks/transport.py --cpp-ring ROUNDS [--np 2,3]   (the transport alone)
 
 Rows, each measured for both controllers (tfringrun --mpi and --tcp)
 launched one after the other in the same run:
@@ -187,6 +188,60 @@ def cross_host(np_, timeout):
             "raw_each_way_before_after": [both0, both1], "tool": tool, "median_s": t}
 
 
+CORE = os.path.join(ROOT, "tf_ops", "common")
+CPP_RING_SOURCES = ["tests/tcp_ring_bench.cc", "ops/ring_data_plane.cc",
+                    "ops/comm_point_to_point.cc", "ops/adasum.cc", "reduction.cc", "common.cc",
+                    "logging.cc", "peer_monitor.cc", "config.cc", "transport/communicator.cc",
+                    "transport/tcp/tcp_communicator.cc", "transport/tcp/peer_frame.cc",
+                    "transport/tcp/socket.cc", "transport/tcp/wire.cc", "transport/tcp/sha256.cc",
+                    "transport/tcp/rendezvous_client.cc"]
+
+
+def cpp_ring(nps, rounds, reps, timeout):
+    """The ring plane over the TCP communicator alone (no TensorFlow, no
+    negotiation: tf_ops/common/tests/tcp_ring_bench.cc, built with -O2), one
+    rank per fake host, 64 MB float32 allreduce: the slowest rank's median
+    time and each rank's CPU time per allreduce, `rounds` times per np."""
+    import netns_support
+    from tfring.runner import wire
+    if not netns_support.available():
+        sys.exit("--cpp-ring needs fake hosts (root and ip netns)")
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = os.path.join(tmp, "tcp_ring_bench")
+        cxx = os.environ.get("CXX", "g++").split()
+        subprocess.run([*cxx, "-std=c++17", "-O2", "-pthread", "-o", binary,
+                        *[os.path.join(CORE, f) for f in CPP_RING_SOURCES]],
+                       check=True, timeout=900)
+        env = dict(os.environ, TFRING_SECRET=wire.encode_secret(wire.generate_secret()))
+        for np_ in nps:
+            names = [f"h{i}" for i in range(np_)]
+            with netns_support.FakeHosts(names) as hosts:
+                for _ in range(rounds):
+                    with tempfile.TemporaryDirectory() as d:
+                        procs = [subprocess.Popen(
+                            hosts.command(h, [binary, str(r), str(np_), d, hosts.address(h),
+                                              str(64 << 20), str(reps)]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env) for r, h in enumerate(names)]
+                        lines = [p.communicate(timeout=timeout)[0] for p in procs]
+                    ranks = [dict(zip(line.split()[2::2], map(float, line.split()[3::2])))
+                             for text in lines for line in text.splitlines()
+                             if line.startswith("RANK ")]
+                    if len(ranks) != np_:
+                        sys.exit("tcp_ring_bench failed:\n" + "".join(lines))
+                    worst = max(r["median_ms"] for r in ranks)
+                    row = {"np": np_, "median_ms": worst,
+                           "busbw_gbs": (64 << 20) / (worst / 1e3) * 2 * (np_ - 1) / np_ / 1e9,
+                           "cpu_ms_per_op": sum(r["cpu_ms_per_op"] for r in ranks) / np_,
+                           "load": os.getloadavg()[0]}
+                    print(f"{np_:>2} ring over TCP (C++), 64 MB: median {worst:8.1f} ms, busbw "
+                          f"{row['busbw_gbs']:.2f} GB/s, CPU per allreduce per rank "
+                          f"{row['cpu_ms_per_op']:.1f} ms (load {row['load']:.1f})", flush=True)
+                    out.append(row)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", default="2,3")
@@ -194,6 +249,8 @@ def main():
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--skip-cross-host", action="store_true")
     p.add_argument("--skip-same-host", action="store_true")
+    p.add_argument("--cpp-ring", type=int, metavar="ROUNDS", default=0,
+                   help="only run the C++ ring-over-TCP driver across fake hosts, ROUNDS times")
     p.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--sizes", default=",".join(SIZES),
@@ -209,6 +266,13 @@ def main():
 
     machine = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "when": bc.now_iso(),
                "host": socket.gethostname()}
+    if args.cpp_ring:
+        rows = cpp_ring([int(n) for n in args.np.split(",")], args.cpp_ring, 15, args.timeout)
+        machine["load_after"] = os.getloadavg()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": machine, "cpp_ring": rows}, f, indent=1)
+        return
     same_host = []
     for np_ in (int(n) for n in args.np.split(",")):
         for controller in ("mpi", "tcp"):
