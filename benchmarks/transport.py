@@ -189,7 +189,7 @@ def cross_host(np_, timeout):
 
 
 CORE = os.path.join(ROOT, "tf_ops", "common")
-CPP_RING_SOURCES = ["tests/tcp_ring_bench.cc", "ops/ring_data_plane.cc",
+CPP_RING_SOURCES = ["tests/bench/tcp_ring_bench.cc", "ops/ring_data_plane.cc",
                     "ops/comm_point_to_point.cc", "ops/adasum.cc", "reduction.cc", "common.cc",
                     "logging.cc", "peer_monitor.cc", "config.cc", "transport/communicator.cc",
                     "transport/tcp/tcp_communicator.cc", "transport/tcp/peer_frame.cc",
@@ -199,7 +199,7 @@ CPP_RING_SOURCES = ["tests/tcp_ring_bench.cc", "ops/ring_data_plane.cc",
 
 def cpp_ring(nps, rounds, reps, timeout):
     """The ring plane over the TCP communicator alone (no TensorFlow, no
-    negotiation: tf_ops/common/tests/tcp_ring_bench.cc, built with -O2), one
+    negotiation: tf_ops/common/tests/bench/tcp_ring_bench.cc, built with -O2), one
     rank per fake host, 64 MB float32 allreduce: the slowest rank's median
     time and each rank's CPU time per allreduce, `rounds` times per np."""
     import netns_support

@@ -1,5 +1,6 @@
 // The ring data plane over the TCP communicator, without TensorFlow, MPI or
-// the core's negotiation: what the transport alone costs. Run by
+// the core's negotiation: what the transport alone costs (a subfolder of
+// tests/, so Bazel makes no cc_test of it). Run by
 // `python benchmarks/transport.py --cpp-ring` (which builds it with -O2 and
 // starts one rank per fake host); by hand:
 //   tcp_ring_bench RANK SIZE DIR BIND_HOST BYTES REPS
@@ -20,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "../ops/ring_data_plane.h"
-#include "../transport/tcp/tcp_communicator.h"
-#include "../transport/tcp/wire.h"
+#include "../../ops/ring_data_plane.h"
+#include "../../transport/tcp/tcp_communicator.h"
+#include "../../transport/tcp/wire.h"
 
 using namespace tfring;
 using namespace tfring::tcp;
