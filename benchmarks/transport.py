@@ -1,6 +1,8 @@
 """The TCP transport against MPI, in one run (issue 9's benchmark).
 
     python benchmarks/transport.py [--np 2,3] [--json out.json] [--skip-cross-host]
+                                   [--skip-same-host] [--sizes "4 KB,1 MB,64 MB"]
+    python benchmarks/transport.py --cpp-ring ROUNDS [--np 2,3]   (the transport alone)
 
 Rows, each measured for both controllers (tfringrun --mpi and --tcp)
 launched one after the other in the same run:
@@ -19,7 +21,8 @@ measured in the same run by `iperf3` when installed, else by a Python
 sendall/recv_into loop, and of two raw streams at once, one each way (what a
 ring's neighbours do: every rank sends and receives at the same time; on a
 few cores the two directions share the CPU that copies every byte through
-the kernel). Target: the ring's busbw >= 90% of the one-way stream.
+the kernel), each measured just before and just after the ring and the
+higher of the two kept. Target: the ring's busbw >= 90% of the one-way stream.
 """
 import argparse
 import json
@@ -172,12 +175,71 @@ def cross_host(np_, timeout):
                "TFRING_CROSS_HOST_MIN_BYTES": "0"}
         extra = ["-H", ",".join(f"{n}:1" for n in names), "--network-interfaces",
                  hosts.interfaces()]
+        # The baseline before and after the ring: on a shared machine the
+        # load changes within a minute, and the higher of the two (the
+        # stricter ceiling) is what the ring is held to.
+        raw0, both0, tool = raw_stream_bandwidth(hosts, names[0], names[1])
         data = launch(np_, "tcp", ["64 MB"], timeout, extra=extra, env=env, idle_seconds=0.5)
-        raw, both, tool = raw_stream_bandwidth(hosts, names[0], names[1])
+        raw1, both1, tool = raw_stream_bandwidth(hosts, names[0], names[1])
     t = data["rows"]["64 MB"]
     busbw = (64 << 20) / t * 2 * (np_ - 1) / np_
-    return {"np": np_, "ring_busbw": busbw, "raw_stream": raw, "raw_each_way_both": both,
-            "tool": tool, "median_s": t}
+    return {"np": np_, "ring_busbw": busbw, "raw_stream": max(raw0, raw1),
+            "raw_each_way_both": max(both0, both1), "raw_before_after": [raw0, raw1],
+            "raw_each_way_before_after": [both0, both1], "tool": tool, "median_s": t}
+
+
+CORE = os.path.join(ROOT, "tf_ops", "common")
+CPP_RING_SOURCES = ["tests/bench/tcp_ring_bench.cc", "ops/ring_data_plane.cc",
+                    "ops/comm_point_to_point.cc", "ops/adasum.cc", "reduction.cc", "common.cc",
+                    "logging.cc", "peer_monitor.cc", "config.cc", "transport/communicator.cc",
+                    "transport/tcp/tcp_communicator.cc", "transport/tcp/peer_frame.cc",
+                    "transport/tcp/socket.cc", "transport/tcp/wire.cc", "transport/tcp/sha256.cc",
+                    "transport/tcp/rendezvous_client.cc"]
+
+
+def cpp_ring(nps, rounds, reps, timeout):
+    """The ring plane over the TCP communicator alone (no TensorFlow, no
+    negotiation: tf_ops/common/tests/bench/tcp_ring_bench.cc, built with -O2), one
+    rank per fake host, 64 MB float32 allreduce: the slowest rank's median
+    time and each rank's CPU time per allreduce, `rounds` times per np."""
+    import netns_support
+    from tfring.runner import wire
+    if not netns_support.available():
+        sys.exit("--cpp-ring needs fake hosts (root and ip netns)")
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = os.path.join(tmp, "tcp_ring_bench")
+        cxx = os.environ.get("CXX", "g++").split()
+        subprocess.run([*cxx, "-std=c++17", "-O2", "-pthread", "-o", binary,
+                        *[os.path.join(CORE, f) for f in CPP_RING_SOURCES]],
+                       check=True, timeout=900)
+        env = dict(os.environ, TFRING_SECRET=wire.encode_secret(wire.generate_secret()))
+        for np_ in nps:
+            names = [f"h{i}" for i in range(np_)]
+            with netns_support.FakeHosts(names) as hosts:
+                for _ in range(rounds):
+                    with tempfile.TemporaryDirectory() as d:
+                        procs = [subprocess.Popen(
+                            hosts.command(h, [binary, str(r), str(np_), d, hosts.address(h),
+                                              str(64 << 20), str(reps)]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env) for r, h in enumerate(names)]
+                        lines = [p.communicate(timeout=timeout)[0] for p in procs]
+                    ranks = [dict(zip(line.split()[2::2], map(float, line.split()[3::2])))
+                             for text in lines for line in text.splitlines()
+                             if line.startswith("RANK ")]
+                    if len(ranks) != np_:
+                        sys.exit("tcp_ring_bench failed:\n" + "".join(lines))
+                    worst = max(r["median_ms"] for r in ranks)
+                    row = {"np": np_, "median_ms": worst,
+                           "busbw_gbs": (64 << 20) / (worst / 1e3) * 2 * (np_ - 1) / np_ / 1e9,
+                           "cpu_ms_per_op": sum(r["cpu_ms_per_op"] for r in ranks) / np_,
+                           "load": os.getloadavg()[0]}
+                    print(f"{np_:>2} ring over TCP (C++), 64 MB: median {worst:8.1f} ms, busbw "
+                          f"{row['busbw_gbs']:.2f} GB/s, CPU per allreduce per rank "
+                          f"{row['cpu_ms_per_op']:.1f} ms (load {row['load']:.1f})", flush=True)
+                    out.append(row)
+    return out
 
 
 def main():
@@ -186,22 +248,38 @@ def main():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--skip-cross-host", action="store_true")
+    p.add_argument("--skip-same-host", action="store_true")
+    p.add_argument("--cpp-ring", type=int, metavar="ROUNDS", default=0,
+                   help="only run the C++ ring-over-TCP driver across fake hosts, ROUNDS times")
     p.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--sizes", default=",".join(SIZES), help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default=",".join(SIZES),
+                   help="same-host rows to run (comma-separated, default all)")
     p.add_argument("--idle-seconds", type=float, default=3.0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.sizes = args.sizes.split(",")
+    args.sizes = [x.strip() for x in args.sizes.split(",")]
+    unknown = [x for x in args.sizes if x not in SIZES]
+    if unknown:
+        p.error(f"--sizes: unknown {unknown}; choose from {list(SIZES)}")
     if args.rank_mode:
         return rank_main(args)
 
     machine = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "when": bc.now_iso(),
                "host": socket.gethostname()}
+    if args.cpp_ring:
+        rows = cpp_ring([int(n) for n in args.np.split(",")], args.cpp_ring, 15, args.timeout)
+        machine["load_after"] = os.getloadavg()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": machine, "cpp_ring": rows}, f, indent=1)
+        return
     same_host = []
     for np_ in (int(n) for n in args.np.split(",")):
         for controller in ("mpi", "tcp"):
+            if args.skip_same_host:
+                break
             print(f"running np={np_} --{controller} ...", file=sys.stderr, flush=True)
-            same_host.append(launch(np_, controller, list(SIZES), args.timeout))
+            same_host.append(launch(np_, controller, args.sizes, args.timeout))
     cross = []
     if not args.skip_cross_host:
         for np_ in (int(n) for n in args.np.split(",")):
@@ -219,6 +297,8 @@ def main():
     for np_ in sorted({r["np"] for r in same_host}):
         by = {r["controller"]: r for r in same_host if r["np"] == np_}
         for label, nbytes in SIZES.items():
+            if label not in by["mpi"]["rows"]:
+                continue
             m, t = by["mpi"]["rows"][label], by["tcp"]["rows"][label]
             if label == "4 KB":
                 print(f"{np_:>2} {'4 KB latency (us)':<22} {m * 1e6:>12.1f} {t * 1e6:>12.1f} "

@@ -137,6 +137,42 @@ void FifoAndUnexpected(Communicator& c) {
   }
 }
 
+// Large messages that arrive before their receive is posted wait in the
+// kernel (tcp_communicator.cc, kMaxHold). Every way out of that wait must
+// deliver the right bytes in order: a receive for a message behind the held
+// one (it is buffered so the later one can be reached), the hold outlasting
+// its bound (when the heartbeat thread reads the header during the sleep),
+// the matching receive, and a matching receive of the wrong size
+// (an error; the stream goes on).
+void HeldFrames(Communicator& c) {
+  if (c.size() < 2 || c.rank() > 1) return;
+  const size_t kBig = 1u << 20;
+  if (c.rank() == 0) {
+    std::vector<std::string> out = {Pattern(kBig, 31), "small", Pattern(kBig, 33),
+                                    Pattern(kBig / 4, 34), Pattern(kBig / 2, 35), "end"};
+    std::vector<CommRequestPtr> reqs(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      CHECK(c.Isend(out[i].data(), int64_t(out[i].size()), 1, int(31 + i), &reqs[i]).ok());
+    }
+    CHECK(c.WaitAll(&reqs, "held frames", false).ok());
+    return;
+  }
+  Sleep(0.05);  // the first large message's header is in by the first Test
+  std::string small(5, 'x');
+  CHECK(Recv(c, &small, 0, 32).ok() && small == "small");
+  std::string in(kBig, 'x');
+  CHECK(Recv(c, &in, 0, 31).ok() && in == Pattern(kBig, 31));
+  Sleep(0.3);  // longer than a hold lasts
+  CHECK(Recv(c, &in, 0, 33).ok() && in == Pattern(kBig, 33));
+  std::string quarter(kBig / 4, 'x');
+  CHECK(Recv(c, &quarter, 0, 34).ok() && quarter == Pattern(kBig / 4, 34));
+  std::string wrong(kBig / 2 + 8, 'x');
+  Status s = Recv(c, &wrong, 0, 35);
+  CHECK(!s.ok() && Contains(s.message(), std::to_string(kBig / 2) + " bytes"));
+  std::string end(3, 'x');
+  CHECK(Recv(c, &end, 0, 36).ok() && end == "end");
+}
+
 void CancelledReceive(Communicator& c) {
   if (c.size() < 2 || c.rank() > 1) return;
   if (c.rank() == 1) {
@@ -254,6 +290,7 @@ void SplitAndDup(Communicator& c) {
 void Exchange(Communicator& c) {
   P2PSizes(c);
   FifoAndUnexpected(c);
+  HeldFrames(c);
   CancelledReceive(c);
   SelfAndBadArgs(c);
   Collectives(c);

@@ -13,6 +13,11 @@ namespace tfring {
 namespace {
 std::atomic<bool> g_urgent_waits{false};
 
+// Polls (each a Test) before a wait blocks on a transport that can block.
+// Long enough to catch a reply already on its way (tens of microseconds),
+// short enough not to hold a core that a rank on it is waiting for.
+constexpr int kPollsBeforeBlock = 50;
+
 // Tags of the point-to-point collectives below.
 constexpr int kGatherLenTag = kCollectiveTagBase + 2;
 constexpr int kGatherTag = kCollectiveTagBase + 3;
@@ -32,6 +37,13 @@ Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
   const bool urgent = UrgentWaits();
   const auto cap = urgent ? std::chrono::microseconds(100) : std::chrono::microseconds(1000);
   const int eager_polls = urgent ? 2000 : 200;
+  // Before blocking, a wait that matters polls a little: a message that
+  // arrives within a few microseconds is taken without a sleep and a wake-up.
+  const int polls_before_block = spin || urgent ? kPollsBeforeBlock : 1;
+  // Bounds a blocked wait, so the peer monitor is consulted and a peer that
+  // went silent is noticed even when no byte arrives.
+  const int block_ms = spin || urgent ? 5 : 20;
+  bool can_block = true;
   for (int polls = 0;; ++polls) {
     Status s = Test(req, &done);
     if (!s.ok()) {
@@ -40,7 +52,14 @@ Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
       return Status::Aborted(s.message() + " (while waiting for " + what + ")");
     }
     if (done) return Status::OK();
-    if (monitor_ && (polls & 63) == 63) TFRING_RETURN_IF_ERROR(monitor_->Check());
+    const bool blocking = can_block && polls >= polls_before_block;
+    if (monitor_ && (blocking || (polls & 63) == 63)) {
+      TFRING_RETURN_IF_ERROR(monitor_->Check());
+    }
+    if (blocking) {
+      can_block = Block(req, block_ms);
+      if (can_block) continue;
+    }
     // Even a spinning wait lets others run now and then: with more ranks than
     // cores, the peer it waits for may need this core.
     if (spin && polls >= 64) sched_yield();

@@ -57,6 +57,17 @@ class Communicator {
   virtual Status Test(CommRequest* req, bool* done) = 0;
   // Gives up on `req`; for a receive, no later message lands in its buffer.
   virtual void Cancel(CommRequestPtr* req) = 0;
+  // Sleeps until `req` may have progressed (or `timeout_ms` has passed) and
+  // makes what progress it can, for a transport whose messages move without
+  // being polled (TCP: the kernel buffers them and wakes a sleeper). Returns
+  // false when the transport cannot block (MPI progresses only inside Test):
+  // the waits below then poll. A wait that blocks leaves the CPU to the
+  // ranks it waits for, which matters when ranks outnumber cores.
+  virtual bool Block(CommRequest* req, int timeout_ms) {
+    (void)req;
+    (void)timeout_ms;
+    return false;
+  }
 
   // Collective: a communicator over the ranks that pass the same
   // `color` >= 0, ordered by `key` (ties by rank). A rank passing a negative
@@ -75,8 +86,9 @@ class Communicator {
 
   // Waits for `req`. `spin` keeps polling (data movement: the transport may
   // progress only inside Test); otherwise an idle wait backs off to short
-  // sleeps so a quiet job costs almost no CPU. `what` names the operation in
-  // errors. A dead peer ends the wait with ABORTED.
+  // sleeps so a quiet job costs almost no CPU. On a transport that can
+  // Block(), either kind polls only briefly and then blocks. `what` names
+  // the operation in errors. A dead peer ends the wait with ABORTED.
   Status Wait(CommRequest* req, const char* what, bool spin);
   // Waits for all of `reqs` (null entries are skipped); on error cancels the
   // rest, so no buffer is written after this returns.

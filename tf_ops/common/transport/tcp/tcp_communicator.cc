@@ -52,6 +52,16 @@ constexpr size_t kProgressBudget = 8u << 20;
 constexpr size_t kDirectReceive = 64u << 10;
 constexpr size_t kStagingBytes = 256u << 10;
 constexpr size_t kUnexpectedReserve = 4u << 20;
+// A DATA frame at least kDirectReceive long that arrives before its receive
+// is posted is left in the kernel's socket buffer (its payload unread) for at
+// most this long, waiting for the receive: once posted, the payload goes
+// straight into it instead of being copied twice through an unexpected-message
+// buffer. A ring posts its receives a few pieces ahead, so its pieces often
+// arrive early; the hold ends sooner (read into a buffer as before) when a
+// receive for another message of that connection is posted (it may lie
+// behind), and after this bound, so a peer blocked on a full socket buffer
+// and its heartbeats are never kept waiting for long.
+constexpr auto kMaxHold = std::chrono::milliseconds(100);
 constexpr int kDesiredSocketBuffer = 4 << 20;
 
 using Key = std::pair<uint64_t, int32_t>;  // (context, tag)
@@ -381,6 +391,14 @@ struct Conn {
   uint64_t cur_have = 0;
   TcpRequest* target = nullptr;         // a posted receive being filled
   std::shared_ptr<Unexpected> stash;    // or an unexpected message being buffered
+  // Or neither yet: the payload waits in the kernel for its receive (see
+  // kMaxHold); what of it is already staged stays in `staging`.
+  bool held = false;
+  Clock::time_point held_since;
+  // The last DATA frame was large: read the next header alone, so that a
+  // large payload behind it is received straight into its buffer rather
+  // than partly through the staging buffer.
+  bool large_frames = false;
   bool notice = false;                  // the frame in progress is an ABORT notice
   std::vector<char> staging;
   size_t spos = 0, slen = 0;
@@ -432,6 +450,9 @@ class World {
   Status Irecv(void* buf, int64_t bytes, int peer, Key key, std::shared_ptr<World> self,
                CommRequestPtr* out);
   Status Test(TcpRequest* req, bool* done);
+  // Sleeps in poll() until a connection can move (or the heartbeat thread
+  // has moved bytes, or `timeout_ms`), then moves what it can.
+  void Block(TcpRequest* req, int timeout_ms);
   void CancelLocked(TcpRequest* req);
   std::mutex& mu() { return mu_; }
 
@@ -444,6 +465,9 @@ class World {
   void Consume(int peer, const char* data, size_t n);
   void StartMessage(int peer);
   void FinishMessage(int peer);
+  // Ends the hold of the frame in progress: its payload is read into an
+  // unexpected-message buffer, as for any message nobody waits for yet.
+  void ReleaseHold(int peer);
   void PeerLeft(int peer);
   // Fails the world: `peer` failed for `cause`, as seen by this rank or,
   // with reporter >= 0, by rank `reporter`, which sent an ABORT notice.
@@ -471,6 +495,9 @@ class World {
 
   std::thread thread_;
   int wake_fd_ = -1;
+  // Written by the heartbeat thread when it has moved bytes, so that a waiter
+  // asleep in Block() looks again: those bytes may have finished its request.
+  int progress_fd_ = -1;
   std::atomic<bool> stop_{false};
 };
 
@@ -623,10 +650,22 @@ Status World::Irecv(void* buf, int64_t bytes, int peer, Key key, std::shared_ptr
         req->filling = true;
       }
     }
+  } else if (c.held && Key(c.cur.context, c.cur.tag) == key) {
+    // Its payload is still in the kernel: it is read straight into this buffer.
+    c.held = false;
+    if (c.cur.length != uint64_t(bytes)) {
+      req->error = MismatchError(peer, key, c.cur.length, bytes);
+      req->done = true;  // the payload is read and dropped
+    } else {
+      c.target = req.get();
+      req->filling = true;
+    }
   } else if (!c.gone.ok() && peer != rank_) {
     req->error = c.gone;
     req->done = true;
   } else {
+    // This message may lie behind a held one, which must then be read first.
+    if (c.held) ReleaseHold(peer);
     c.posted[key].push_back(req.get());
     req->posted = true;
   }
@@ -649,6 +688,40 @@ Status World::Test(TcpRequest* req, bool* done) {
   if (!abort_.ok()) return abort_;
   *done = req->done;
   return req->done ? req->error : Status::OK();
+}
+
+void World::Block(TcpRequest* req, int timeout_ms) {
+  std::vector<pollfd> fds;
+  std::vector<int> who;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!abort_.ok() || req->done) return;
+    // Every connection, not only the request's: a peer blocked on a full
+    // socket buffer towards this rank must be read for it to go on.
+    for (int p = 0; p < size(); ++p) {
+      const Conn& c = conns_[size_t(p)];
+      if (c.fd < 0 || p == rank_) continue;
+      // A held frame keeps its connection readable; only its end (the
+      // peer closing) matters until its receive is posted or the hold ends.
+      short events = c.held ? short(POLLRDHUP) : short(POLLIN);
+      if (!c.sendq.empty()) events |= POLLOUT;
+      fds.push_back({c.fd, events, 0});
+      who.push_back(p);
+    }
+  }
+  fds.push_back({progress_fd_, POLLIN, 0});
+  if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+  if (fds.back().revents & POLLIN) {
+    uint64_t v;
+    ssize_t ignored = ::read(progress_fd_, &v, sizeof(v));
+    (void)ignored;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i + 1 < fds.size() && abort_.ok(); ++i) {
+    if (fds[i].revents == 0) continue;
+    bool moved = false;
+    ProgressConn(who[i], &moved);
+  }
 }
 
 void World::ProgressConn(int peer, bool* moved) {
@@ -730,18 +803,22 @@ void World::Read(int peer, bool* moved) {
   Conn& c = conns_[size_t(peer)];
   size_t budget = kProgressBudget;
   while (c.fd >= 0 && abort_.ok() && budget > 0) {
+    if (c.held) {
+      if (Clock::now() - c.held_since < kMaxHold) return;
+      ReleaseHold(peer);
+    }
     // First what is already staged.
     if (c.spos < c.slen) {
-      size_t before = c.spos;
       Consume(peer, c.staging.data() + c.spos, c.slen - c.spos);
-      (void)before;
       continue;
     }
     if (c.goodbye && c.eof) return;
     char* dst = c.staging.data();
     size_t want = c.staging.size();
     bool direct = false;
-    if (!c.in_header && c.target != nullptr) {
+    if (c.in_header && c.large_frames) {
+      want = kPeerHeaderBytes - c.hdr_have;
+    } else if (!c.in_header && c.target != nullptr) {
       uint64_t remaining = c.cur.length - c.cur_have;
       if (remaining >= kDirectReceive) {
         dst = c.target->rbuf + c.cur_have;
@@ -850,6 +927,7 @@ void World::StartMessage(int peer) {
   c.cur_have = 0;
   c.target = nullptr;
   c.stash.reset();
+  c.large_frames = c.cur.length >= kDirectReceive;
   Key key(c.cur.context, c.cur.tag);
   if (TcpRequest* r = c.TakePosted(key)) {
     r->posted = false;
@@ -860,17 +938,28 @@ void World::StartMessage(int peer) {
       c.target = r;
       r->filling = true;
     }
+  } else if (c.large_frames && c.posted.empty()) {
+    // Nobody waits on this connection: wait for this message's receive.
+    c.held = true;
+    c.held_since = Clock::now();
+    return;
   } else {
-    auto u = std::make_shared<Unexpected>();
-    u->length = c.cur.length;
-    // Reserve at most kUnexpectedReserve up front: a ring's pieces (up to
-    // 1 MiB) then land without regrowing, while a claimed length larger than
-    // that is appended only as its bytes really arrive.
-    u->data.reserve(size_t(std::min<uint64_t>(c.cur.length, kUnexpectedReserve)));
-    c.unexpected[key].push_back(u);
-    c.stash = std::move(u);
+    ReleaseHold(peer);
   }
   if (c.cur.length == 0) FinishMessage(peer);
+}
+
+void World::ReleaseHold(int peer) {
+  Conn& c = conns_[size_t(peer)];
+  c.held = false;
+  auto u = std::make_shared<Unexpected>();
+  u->length = c.cur.length;
+  // Reserve at most kUnexpectedReserve up front: a ring's pieces (up to
+  // 1 MiB) then land without regrowing, while a claimed length larger than
+  // that is appended only as its bytes really arrive.
+  u->data.reserve(size_t(std::min<uint64_t>(c.cur.length, kUnexpectedReserve)));
+  c.unexpected[Key(c.cur.context, c.cur.tag)].push_back(u);
+  c.stash = std::move(u);
 }
 
 void World::FinishMessage(int peer) {
@@ -985,6 +1074,7 @@ void World::Start() {
   // three heartbeats, with nobody reading the first connections meanwhile.
   for (auto& c : conns_) c.last_recv = c.last_send = Clock::now();
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  progress_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   thread_ = std::thread([this] { ThreadMain(); });
 }
 
@@ -1012,9 +1102,12 @@ void World::ThreadMain() {
     if (!abort_.ok()) continue;
     // Drain first: a peer's bytes waiting in the kernel are not silence,
     // even if this process was not scheduled for a while.
-    for (int p = 0; p < size() && abort_.ok(); ++p) {
-      bool moved = false;
-      ProgressConn(p, &moved);
+    bool moved = false;
+    for (int p = 0; p < size() && abort_.ok(); ++p) ProgressConn(p, &moved);
+    if (moved) {
+      uint64_t one = 1;
+      ssize_t ignored = ::write(progress_fd_, &one, sizeof(one));
+      (void)ignored;
     }
     auto now = Clock::now();
     for (int p = 0; p < size() && abort_.ok(); ++p) {
@@ -1048,6 +1141,7 @@ World::~World() {
     thread_.join();
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (progress_fd_ >= 0) ::close(progress_fd_);
   Shutdown();
 }
 
@@ -1137,6 +1231,12 @@ class TcpCommunicator : public Communicator {
     return r->world->Test(r, done);
   }
   void Cancel(CommRequestPtr* req) override { req->reset(); }
+  bool Block(CommRequest* req, int timeout_ms) override {
+    auto* r = dynamic_cast<TcpRequest*>(req);
+    if (r == nullptr) return false;
+    r->world->Block(r, timeout_ms);
+    return true;
+  }
 
   Status Split(int color, int key, std::shared_ptr<Communicator>* out) override {
     const uint64_t seq = next_child_++;
