@@ -52,14 +52,12 @@ import time
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import rank_wrapper, rendezvous, wire
 from tfring.runner.elastic import protocol
+from tfring.runner.elastic.rounds import Rounds
 from tfring.runner.supervisor import _feed, describe_exit, remote_environment
 
 BLACKLIST_FAILURES = 3
 DISCOVERY_INTERVAL = 1.0
 DISCOVERY_TIMEOUT = 30.0
-# A member's reset request waits this long for the driver to see which
-# worker died, so that the next round leaves it out.
-_RESET_GRACE = 2.0
 _POLL = 0.05
 _GRACE = 3.0
 _LOCAL = "\0local"  # the key of every name of this machine
@@ -195,12 +193,7 @@ class Driver:
         self.held = {}               # key -> slots held empty after lost workers
         self.failures = {}           # key -> lost workers
         self.blacklist = {}          # key -> until (monotonic; inf: for good)
-        self.round = 0
-        self.members = {}            # wid -> member record of the current round
-        self.resets = 0
-        self.dirty = True            # a new round may be needed
-        self.waiting_since = None    # below min_np since
-        self.reset_seen = None       # when a reset request of the current round was seen
+        self.rounds = None           # the round bookkeeping, once the store is up
         self.succeeded_at = None
         self.outcome = None          # (code, message)
         self.signals = []
@@ -295,7 +288,7 @@ class Driver:
             listed = self.hosts.get(key, [None, 0])[1]
             for w in mine[listed:] if len(mine) > listed else []:
                 w.leaving = True
-                self.dirty = True
+                self.rounds.dirty = True
                 self._event(f"{w.name()} leaves: its host lists fewer slots", always=True)
         if self.succeeded_at is not None or self.outcome is not None:
             return
@@ -437,7 +430,7 @@ class Driver:
         if worker.code is not None:
             return
         worker.code = code
-        was_member = worker.wid in self.members
+        was_member = worker.wid in self.rounds.members
         if code == 0:
             if worker.leaving:
                 self._event(f"{worker.name()} left", always=True)
@@ -445,9 +438,9 @@ class Driver:
                 self._event(f"{worker.name()} finished")
                 if self.succeeded_at is None:
                     self.succeeded_at = time.monotonic()
-            self.dirty = self.dirty or was_member
+            self.rounds.dirty = self.rounds.dirty or was_member
             return
-        error = self._reported_error(worker.wid)
+        error = self.rounds.reported_error(worker.wid)
         if error is not None:
             self._fail(1, f"{worker.name()} raised {error}; stopping the job.")
             return
@@ -458,7 +451,7 @@ class Driver:
             self._say(f"{worker.name()} {words} after the job finished")
             return
         self._event(f"{worker.name()} {words}; lost", always=True)
-        self.dirty = True
+        self.rounds.dirty = True
         key = worker.key
         if not worker.leaving:
             self.held[key] = self.held.get(key, 0) + 1
@@ -503,65 +496,31 @@ class Driver:
                 self._ended(worker, code if code < 128 else -(code - 128))
 
     # -- store -----------------------------------------------------------------
-    def _reported_error(self, wid):
-        try:
-            return self.client.get(protocol.SCOPE, protocol.ERROR_PREFIX + str(wid),
-                                   timeout=0).decode(errors="replace")
-        except wire.WireError:
-            return None
-
     def _poll_store(self):
-        errors = self.client.wait_prefix(protocol.SCOPE, protocol.ERROR_PREFIX, 0, timeout=0)
-        for key, value in errors:
-            wid = int(key[len(protocol.ERROR_PREFIX):])
+        error, announced = self.rounds.poll()
+        if error is not None:
+            wid, text = error
             worker = self.workers.get(wid)
             self._fail(1, f"{worker.name() if worker else f'worker {wid}'} raised "
-                          f"{value.decode(errors='replace')}; stopping the job.")
+                          f"{text}; stopping the job.")
             return
-        for key, _ in self.client.wait_prefix(protocol.SCOPE, "pending/", 0, timeout=0):
-            worker = self.workers.get(int(key[len("pending/"):]))
+        for wid in announced:
+            worker = self.workers.get(wid)
             if worker is not None and not worker.announced:
                 worker.announced = True
-                self.dirty = True
-        if self.round and self.reset_seen is None:
-            if self.client.add(protocol.SCOPE, protocol.reset_key(self.round), 0) > 0:
-                self.reset_seen = time.monotonic()
-        if self.reset_seen is not None and time.monotonic() - self.reset_seen > _RESET_GRACE:
-            self.dirty = True
+                self.rounds.dirty = True
 
     def _publish_if_needed(self):
-        if not self.dirty or self.outcome is not None or self.succeeded_at is not None:
+        if self.outcome is not None or self.succeeded_at is not None:
             return
         live = [w for w in self.workers.values() if w.alive() and not w.leaving]
         ready = sorted((w for w in live if w.announced), key=lambda w: w.wid)
-        starting = [w for w in live if not w.announced]
-        reset_asked = self.reset_seen is not None
-        if (self.round and set(w.wid for w in ready) == set(self.members) and not reset_asked
-                and not any(w.leaving and w.alive() and w.wid in self.members
-                            for w in self.workers.values())):
-            self.dirty = bool(starting)
-            self.waiting_since = None
-            return
-        if len(ready) < self.min_np or (self.round == 0 and starting):
-            if len(ready) + len(starting) >= self.min_np:
-                # Enough workers are on their way (the first round waits for
-                # all of them); _check_starting bounds how long they take.
-                self.waiting_since = None
-                return
-            # Short of slots: the elastic timeout runs.
-            now = time.monotonic()
-            if self.waiting_since is None:
-                self.waiting_since = now
-                self._say(self._shortfall("waiting for"))
-            elif now - self.waiting_since > self.elastic_timeout:
-                self._fail(1, self._shortfall(f"gave up after --elastic-timeout "
-                                              f"{self.elastic_timeout:g} s waiting for"))
-            return
-        if self.round and self.reset_limit is not None and self.resets >= self.reset_limit:
-            self._fail(1, f"the job reached --reset-limit {self.reset_limit} ({self.resets} "
-                          "resets) and needs another one; stopping the job.")
-            return
-        self._publish(ready)
+        starting = sum(1 for w in live if not w.announced)
+        # _check_starting bounds how long the starting workers take.
+        leaving = [w.wid for w in self.workers.values() if w.leaving and w.alive()]
+        failure = self.rounds.decide(ready, starting, self._shortfall, leaving)
+        if failure is not None:
+            self._fail(1, failure)
 
     def _shortfall(self, what):
         live = [w for w in self.workers.values() if w.alive() and not w.leaving]
@@ -572,34 +531,6 @@ class Driver:
         return (f"{what} {self.min_np - len(live)} more worker slot(s): --min-np is "
                 f"{self.min_np} and {len(live)} worker(s) are running; the discovery script "
                 f"lists {hosts}.")
-
-    def _publish(self, ready):
-        previous = self.round
-        self.round += 1
-        if previous:
-            self.resets += 1
-        order, slots, members = {}, {}, {}
-        for w in ready:  # oldest first: the oldest survivor is rank 0
-            order.setdefault(w.key, len(order))
-            slots[w.key] = slots.get(w.key, 0) + 1
-            members[w.wid] = {"host": w.host, "host_order": order[w.key],
-                              "local_slot": slots[w.key] - 1}
-        by_place = sorted(members, key=lambda wid: (members[wid]["host_order"],
-                                                    members[wid]["local_slot"]))
-        for rank, wid in enumerate(by_place):
-            members[wid]["rank"] = rank
-            self.workers[wid].rank = rank
-        removed = [w.wid for w in self.workers.values() if w.leaving and w.alive()]
-        self.client.set(protocol.SCOPE, protocol.round_key(self.round),
-                        protocol.encode_round(self.round, members, removed))
-        self.client.add(protocol.SCOPE, protocol.LATEST, 1)
-        self.members = members
-        self.dirty = False
-        self.waiting_since = None
-        self.reset_seen = None
-        placed = ", ".join(f"{wid}->rank {m['rank']}" for wid, m in members.items())
-        self._event(f"round {self.round}: {len(members)} workers ({placed})"
-                    + (f"; {len(removed)} leaving" if removed else ""), always=previous > 0)
 
     # -- stopping --------------------------------------------------------------
     def _stop_all(self):
@@ -639,6 +570,10 @@ class Driver:
             self.client = rendezvous.RendezvousClient(self.bind_host if self.bind_host !=
                                                       "0.0.0.0" else "127.0.0.1",
                                                       self.store.address[1], self.secret)
+            self.rounds = Rounds(self.client, min_np=self.min_np,
+                                 elastic_timeout=self.elastic_timeout,
+                                 reset_limit=self.reset_limit, say=self._say,
+                                 event=lambda text, always: self._event(text, always))
             self.listener = socket.create_server((self.bind_host, 0))
             self.listener.setblocking(False)
             self.selector = selectors.DefaultSelector()
