@@ -14,9 +14,12 @@ the job's data. The driver (the process that holds the executor):
 ``run(fn)`` then calls ``fn`` on every actor; ``fn`` calls ``hvd.init()``
 and trains as under tfringrun.
 
-A run fails as a whole: a worker's exception, or an actor that Ray lost,
-stops every actor (the others would wait for the lost rank in their next
-collective) and the executor must be started again.
+A fixed-size run fails as a whole: a worker's exception, or an actor that
+Ray lost, stops every actor (the others would wait for the lost rank in
+their next collective) and the executor must be started again. With
+``min_workers``/``max_workers`` the job is elastic instead
+(:mod:`tfring.ray.elastic`): lost actors are replaced and the job goes on
+through ``hvd.elastic.run``.
 """
 import os
 import socket
@@ -74,9 +77,12 @@ class _Worker:
         gpus = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
         return host, ray.util.get_node_ip_address(), os.getpid(), gpus
 
-    def setup(self, env, executable_cls=None, args=(), kwargs=None):
-        """Sets this rank's environment (before any init()), then makes the
-        executable object that :meth:`RayExecutor.execute` hands to its fn."""
+    def setup(self, env, executable_cls=None, args=(), kwargs=None, unset=()):
+        """Sets this rank's environment (before any init()), removing the
+        names in `unset`, then makes the executable object that
+        :meth:`RayExecutor.execute` hands to its fn."""
+        for name in unset:
+            os.environ.pop(name, None)
         os.environ.update(env)
         if executable_cls is not None:
             self._executable = executable_cls(*args, **(kwargs or {}))
@@ -122,17 +128,28 @@ class RayExecutor:
             actor then sees every GPU reserved on its node in local-rank
             order, so ``hvd.local_rank()`` indexes its own.
         gpus_per_worker: GPUs per actor when `use_gpu`.
-        min_workers, max_workers: elastic mode; not available yet (see
-            Raises).
+        min_workers, max_workers: either one makes the job elastic (see
+            docs/ray.md): it runs with between `min_workers` (default 1)
+            and `max_workers` (default `num_workers`, else `min_workers`)
+            workers; a lost actor is replaced when the cluster has room,
+            and `fn` must use ``hvd.elastic.run``. `num_workers` is then how
+            many start (default: as many as fit now, within the bounds).
         placement_strategy: "PACK" (default: as few nodes as possible),
-            "SPREAD", "STRICT_PACK" or "STRICT_SPREAD".
+            "SPREAD", "STRICT_PACK" or "STRICT_SPREAD". Fixed size only: an
+            elastic job's actors are placed one by one, wherever they fit.
         env_vars: variables every worker gets (e.g. tuning ``TFRING_*``).
         start_timeout: seconds start() waits for the bundles and actors.
+        elastic_timeout: elastic only: seconds to wait below `min_workers`
+            for Ray to place new workers before the run fails (default 600).
+        reset_limit: elastic only: how many times the job may re-form
+            (None: no limit).
+        verbose: elastic only: print every event, not only losses and new
+            rounds.
 
     Raises:
         ValueError: a bad number, strategy or setting.
-        NotImplementedError: `min_workers` or `max_workers` given: elastic
-            runs on Ray wait for tfring's elastic mode.
+        NotImplementedError: an elastic job with `use_gpu` (not supported
+            yet: each worker would see only its own GPU).
 
     Example:
         >>> import ray, tfring.ray
@@ -155,16 +172,37 @@ class RayExecutor:
 
     def __init__(self, settings=None, num_workers=None, cpus_per_worker=1, use_gpu=False,
                  gpus_per_worker=None, min_workers=None, max_workers=None,
-                 placement_strategy="PACK", env_vars=None, start_timeout=None):
-        if min_workers is not None or max_workers is not None:
-            raise NotImplementedError(
-                "RayExecutor(min_workers=..., max_workers=...) asks for an elastic job, which "
-                "tfring's Ray executor does not run yet: it needs tfring's elastic mode "
-                "(issue 11). Give num_workers for a fixed-size job.")
-        if num_workers is None:
-            raise ValueError("RayExecutor needs num_workers (the number of ranks)")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be a whole number >= 1, got {num_workers!r}")
+                 placement_strategy="PACK", env_vars=None, start_timeout=None,
+                 elastic_timeout=600.0, reset_limit=None, verbose=False):
+        elastic = min_workers is not None or max_workers is not None
+        for name, value in (("num_workers", num_workers), ("min_workers", min_workers),
+                            ("max_workers", max_workers)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if num_workers is None and not elastic:
+            raise ValueError("RayExecutor needs num_workers (the number of ranks), or "
+                             "min_workers/max_workers for an elastic job")
+        if elastic:
+            min_workers = 1 if min_workers is None else min_workers
+            if max_workers is None:
+                max_workers = max(num_workers or min_workers, min_workers)
+            if min_workers > max_workers:
+                raise ValueError(f"min_workers ({min_workers}) is above max_workers "
+                                 f"({max_workers})")
+            if num_workers is not None and not min_workers <= num_workers <= max_workers:
+                raise ValueError(f"num_workers ({num_workers}) must lie between min_workers "
+                                 f"({min_workers}) and max_workers ({max_workers})")
+            if use_gpu:
+                raise NotImplementedError(
+                    "an elastic RayExecutor with use_gpu is not supported yet: give "
+                    "num_workers without min_workers/max_workers for a GPU job")
+            if not isinstance(elastic_timeout, (int, float)) or elastic_timeout <= 0:
+                raise ValueError(f"elastic_timeout must be > 0, got {elastic_timeout!r}")
+            if reset_limit is not None and (not isinstance(reset_limit, int)
+                                            or reset_limit < 0):
+                raise ValueError(f"reset_limit must be a whole number >= 0, got "
+                                 f"{reset_limit!r}")
         if not isinstance(cpus_per_worker, (int, float)) or cpus_per_worker <= 0:
             raise ValueError(f"cpus_per_worker must be > 0, got {cpus_per_worker!r}")
         if gpus_per_worker is not None and not use_gpu:
@@ -179,6 +217,11 @@ class RayExecutor:
         if start_timeout is None:
             start_timeout = getattr(settings, "timeout_s", None) or 60
         self.num_workers = num_workers
+        self.min_workers, self.max_workers = min_workers, max_workers
+        self.elastic_timeout = float(elastic_timeout)
+        self.reset_limit = reset_limit
+        self.verbose = verbose
+        self._elastic = None     # the ElasticJob of an elastic executor, once started
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus
         self.placement_strategy = strategy
@@ -206,10 +249,14 @@ class RayExecutor:
             TimeoutError: the cluster could not place every bundle, or the
                 actors did not start, within `start_timeout`.
         """
-        if self._workers:
+        if self._workers or self._elastic is not None:
             raise RuntimeError("this RayExecutor is running already; shutdown() it first")
         self._failure = None
         try:
+            if self.min_workers is not None:
+                self._start_elastic(executable_cls, executable_args or (),
+                                    executable_kwargs or {})
+                return
             self._start(executable_cls, executable_args or (), executable_kwargs or {})
         except BaseException:
             self._teardown(graceful=False)
@@ -254,6 +301,20 @@ class RayExecutor:
         self._get([w.setup.remote(env, executable_cls, executable_args, executable_kwargs)
                    for w, env in zip(self._workers, envs)], "take their environment")
 
+    def _start_elastic(self, executable_cls, executable_args, executable_kwargs):
+        from tfring.ray.elastic import ElasticJob
+        initial = self.num_workers
+        if initial is None:
+            # As many as fit now, within the bounds (a worker Ray cannot
+            # place would only hold start() up for start_timeout).
+            fit = int(ray.available_resources().get("CPU", 0.0) // self.cpus_per_worker)
+            initial = min(self.max_workers, max(self.min_workers, fit))
+        self._elastic = ElasticJob(self, num_workers=initial, min_workers=self.min_workers,
+                                   max_workers=self.max_workers,
+                                   elastic_timeout=self.elastic_timeout,
+                                   reset_limit=self.reset_limit, verbose=self.verbose)
+        self._elastic.start(executable_cls, executable_args, executable_kwargs)
+
     def _get(self, refs, what):
         try:
             return ray.get(refs, timeout=self.start_timeout)
@@ -293,26 +354,36 @@ class RayExecutor:
 
     def execute_single(self, fn, timeout=None):
         """:meth:`execute` on rank 0 only; returns its result. Only for
-        functions that do no collective (the other ranks are not in it)."""
+        functions that do no collective (the other ranks are not in it).
+        Fixed-size jobs only (an elastic job's rank 0 changes)."""
         self._check_running()
+        if self._elastic is not None:
+            raise NotImplementedError("execute_single() is for fixed-size jobs; an elastic "
+                                      "job's rank 0 changes as workers come and go")
         return self._collect([self._workers[0].execute.remote(fn, (), {}, True)], timeout)[0]
 
     def workers(self):
         """Where each rank runs, by rank: [{"rank", "host", "address", "pid"}]
         ("host" is the name ranks are grouped by, "address" its node's
-        address as Ray knows it). Empty when not running."""
+        address as Ray knows it). Empty when not running. An elastic job
+        lists its live workers by worker id, each with its "worker" id and
+        its rank in the current round (None before it joined one)."""
+        if self._elastic is not None:
+            return self._elastic.workers()
         return [{"rank": rank, "host": host, "address": address, "pid": pid}
                 for rank, (host, address, pid, _) in enumerate(self._described)
                 if self._workers]
 
     def _check_running(self):
-        if not self._workers:
+        if not self._workers and self._elastic is None:
             why = f" (a run failed: {self._failure}; start() again)" if self._failure else \
                 " (call start() first)"
             raise RuntimeError(f"this RayExecutor is not running{why}")
 
     def _run(self, fn, args, kwargs, with_executable, timeout):
         self._check_running()
+        if self._elastic is not None:
+            return self._elastic.run(fn, args, kwargs, with_executable, timeout)
         refs = [w.execute.remote(fn, args, kwargs, with_executable) for w in self._workers]
         return self._collect(refs, timeout)
 
@@ -380,6 +451,20 @@ class RayExecutor:
             return RuntimeError(f"{self._where(rank)} raised {summary}\n{text}")
         return engine_env.attach_rank(error, rank, note)
 
+    def _raised_elastic(self, member, rank, payload, summary, text):
+        """The exception an elastic worker's function raised, as _raised."""
+        where = member.name()
+        error = None
+        if payload is not None:
+            try:
+                error = ray.cloudpickle.loads(payload)
+            except Exception:  # noqa: BLE001 - its class may not exist here
+                error = None
+        if not isinstance(error, BaseException):
+            return RuntimeError(f"{where} raised {summary}\n{text}")
+        return engine_env.attach_rank(error, rank,
+                                      f"tfring.ray: raised on {where}; its traceback:\n{text}")
+
     def _fail(self, why):
         self._failure = why
         self._teardown(graceful=False)
@@ -391,6 +476,9 @@ class RayExecutor:
         self._teardown(graceful=True)
 
     def _teardown(self, graceful):
+        elastic, self._elastic = self._elastic, None
+        if elastic is not None:
+            elastic.teardown(graceful, _STOP_SECONDS)
         workers, self._workers = self._workers, []
         if graceful and workers:
             try:

@@ -113,6 +113,53 @@ def worker_environments(hosts, rendezvous_addr, rendezvous_port, secret, bind_ho
     return ranks, envs
 
 
+# Variables that a round of an elastic job decides (tfring.common.elastic
+# exports them at init()); a worker must not start with stale ones.
+ELASTIC_ROUND_VARIABLES = ("TFRING_SIZE", "TFRING_RANK", "TFRING_LOCAL_SLOT",
+                           "TFRING_HOST_ORDER", "TFRING_RENDEZVOUS_SCOPE",
+                           "TFRING_RENDEZVOUS_SERVE")
+
+
+def elastic_worker_environment(worker_id, host, rendezvous_addr, rendezvous_port, secret,
+                               join_timeout, bind_host=None, extra=None):
+    """The variables of one worker of an elastic job an engine runs.
+
+    Its rank, size and place are not here: its ``init()`` takes them from
+    the newest round the driver published (see docs/elastic.md).
+
+    Args:
+        worker_id: the worker's id in the driver's rounds (an int, unique
+            for the job's whole life: a replacement gets a new one).
+        host: the name the driver groups it by (it registers under it).
+        rendezvous_addr, rendezvous_port, secret: the job's store.
+        join_timeout: seconds the worker waits for a round that includes it.
+        bind_host: the address its rank listens on; None for every interface.
+        extra: variables every worker gets besides; the job's own win.
+
+    Returns:
+        {name: str}; the names of :data:`ELASTIC_ROUND_VARIABLES` are to be
+        removed from the worker's environment.
+
+    Example:
+        >>> env = elastic_worker_environment(3, "n1", "10.0.0.1", 29400, secret, 630)
+        >>> env["TFRING_ELASTIC_WORKER"]
+        '3'
+    """
+    from tfring.runner.elastic import protocol
+    if not host or not isinstance(host, str):
+        raise ValueError(f"elastic worker {worker_id} reported no host name ({host!r})")
+    env = dict(extra or {})
+    env.update({"TFRING_CONTROLLER": "tcp", protocol.ELASTIC_ENV: "1",
+                protocol.WORKER_ENV: str(worker_id), protocol.TIMEOUT_ENV: f"{join_timeout:g}",
+                "TFRING_RENDEZVOUS_ADDR": str(rendezvous_addr),
+                "TFRING_RENDEZVOUS_PORT": str(rendezvous_port),
+                wire.SECRET_ENV: wire.encode_secret(secret), "TFRING_HOSTNAME": host,
+                rank_wrapper.BIND_ENV: bind_host or ""})
+    for name in ELASTIC_ROUND_VARIABLES:
+        env.pop(name, None)
+    return {k: str(v) for k, v in env.items()}
+
+
 def attach_rank(error, rank, note):
     """Marks a worker's exception, re-raised on the driver, with where it
     came from: its ``rank`` attribute, when it can take one, and `note`

@@ -1,0 +1,128 @@
+"""The elastic RayExecutor (min_workers/max_workers) on a real local Ray
+instance (tests/ray/conftest.py): a killed actor is replaced and the job
+goes on through hvd.elastic.run.
+
+The training is tests/tensorflow/elastic_worker.py's deterministic schedule
+(at step s with n ranks, rank r trains on batch(s, n, r)), so the sizes each
+committed step ran at can be replayed in one process for a reference.
+"""
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from support import ROOT, import_extra, live_pids
+
+ray = import_extra("ray")
+from tfring.ray import RayExecutor  # noqa: E402
+
+# Functions here run in the actors, which cannot import this test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+WORKER_SCRIPT = os.path.join(ROOT, "tests", "tensorflow", "elastic_worker.py")
+RUN_TIMEOUT = 400
+
+
+def _train(script, steps, kill_worker, kill_step, full_size, wait_step, step_sleep):
+    """Runs in each actor. Worker `kill_worker` SIGKILLs its own process at
+    `kill_step`; at `wait_step` every rank waits (checking for new hosts)
+    until the job has `full_size` ranks again, so the replacement surely
+    joins before the end. Returns this rank's view of the end."""
+    import runpy
+    import signal
+    import time
+
+    import tensorflow as tf
+
+    import tfring.tensorflow as hvd
+
+    w = runpy.run_path(script, run_name="elastic_worker")
+    hvd.init()
+    wid = int(os.environ["TFRING_ELASTIC_WORKER"])
+    model, opt = w["build"]()
+    x, y = w["data"]()
+    state = hvd.elastic.TensorFlowKerasState(model, opt, step=0, sizes=[], resets=0)
+    state.register_reset_callbacks([lambda: setattr(state, "resets", state.resets + 1)])
+
+    @tf.function
+    def train_step(xb, yb):
+        grads = [hvd.allreduce(g, op=hvd.Average) for g in w["gradients"](model, xb, yb)]
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            s, n, r = state.step, hvd.size(), hvd.rank()
+            if wid == kill_worker and s == kill_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if s == wait_step:
+                while hvd.size() < full_size:
+                    time.sleep(0.2)
+                    state.check_host_updates()
+            idx = w["batch_index"](s, n, r, len(x))
+            train_step(tf.constant(x[idx]), tf.constant(y[idx]))
+            time.sleep(step_sleep)
+            state.sizes = state.sizes + [n]
+            state.step += 1
+            state.commit()
+
+    train(state)
+    return {"rank": hvd.rank(), "size": hvd.size(), "worker": wid, "pid": os.getpid(),
+            "sizes": list(state.sizes), "resets": state.resets,
+            "weights": [v.numpy() for v in model.trainable_variables]}
+
+
+def test_killed_actor_is_replaced_and_the_job_finishes(ray_cluster):
+    steps, kill_step, wait_step = 24, 4, 12
+    ex = RayExecutor(min_workers=2, max_workers=3, num_workers=3, cpus_per_worker=1,
+                     elastic_timeout=120, start_timeout=120)
+    ex.start()
+    started = [w["pid"] for w in ex.workers()]
+    assert [w["worker"] for w in ex.workers()] == [0, 1, 2]
+    try:
+        # Worker 0 (rank 0) dies: the oldest survivor, worker 1, becomes rank 0.
+        results = ex.run(_train, args=(WORKER_SCRIPT, steps, 0, kill_step, 3, wait_step, 0.2),
+                         timeout=RUN_TIMEOUT)
+        events = [text for _, text in ex._elastic.events]
+        pids = [w["pid"] for w in ex.workers()]
+    finally:
+        ex.shutdown()
+    assert not live_pids(started + pids, wait=10.0), "actor processes outlived shutdown()"
+    assert any("worker 0" in e and "was lost" in e for e in events), events
+
+    # The replacement (worker 3) joined; ranks follow the workers' age.
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert [r["worker"] for r in results] == [1, 2, 3], [r["worker"] for r in results]
+    assert all(r["size"] == 3 for r in results)
+    sizes = results[0]["sizes"]
+    assert all(r["sizes"] == sizes for r in results)
+    assert len(sizes) == steps
+    # Size 3 until the kill, then 2 until the replacement joined (how many
+    # steps that is depends on how fast it starts), 3 from the wait on.
+    assert sizes[:kill_step] == [3] * kill_step, sizes
+    assert set(sizes[kill_step:wait_step]) <= {2, 3}, sizes
+    assert sizes[wait_step:] == [3] * (steps - wait_step), sizes
+    assert all(r["resets"] >= 1 for r in results[:2]), [r["resets"] for r in results]
+
+    for r in results[1:]:
+        for a, b in zip(r["weights"], results[0]["weights"]):
+            np.testing.assert_array_equal(a, b, err_msg="ranks ended with different weights")
+    # The same steps at the same sizes, replayed in one process.
+    import runpy
+    reference = runpy.run_path(WORKER_SCRIPT, run_name="elastic_worker")["replay"](sizes)
+    for got, want in zip(results[0]["weights"], reference):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"min_workers": 3, "max_workers": 2}, "min_workers (3) is above max_workers (2)"),
+    ({"min_workers": 2, "max_workers": 3, "num_workers": 4}, "num_workers (4) must lie"),
+    ({"min_workers": 0}, "min_workers must be a whole number"),
+    ({"min_workers": 1, "elastic_timeout": 0}, "elastic_timeout must be > 0"),
+    ({"min_workers": 1, "reset_limit": -1}, "reset_limit must be a whole number"),
+])
+def test_elastic_settings_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RayExecutor(**kwargs)
