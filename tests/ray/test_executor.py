@@ -197,8 +197,9 @@ def test_a_killed_actor_ends_the_run_within_10_s(executor, tmp_path):
 
 
 def test_bad_settings_are_refused_before_anything_starts():
-    with pytest.raises(NotImplementedError, match="elastic"):
-        RayExecutor(min_workers=1, max_workers=4)
+    # Elastic settings are checked in tests/ray/test_elastic_executor.py.
+    with pytest.raises(NotImplementedError, match="elastic RayExecutor with use_gpu"):
+        RayExecutor(min_workers=1, max_workers=4, use_gpu=True)
     with pytest.raises(ValueError, match="num_workers"):
         RayExecutor(num_workers=0)
     with pytest.raises(ValueError, match="placement_strategy"):
