@@ -25,11 +25,13 @@ WORKER_SCRIPT = os.path.join(ROOT, "tests", "tensorflow", "elastic_worker.py")
 RUN_TIMEOUT = 400
 
 
-def _train(script, steps, kill_worker, kill_step, full_size, wait_step, step_sleep):
+def _train(script, steps, kill_worker, kill_step, full_size, wait_step, step_sleep,
+           raise_worker=None, raise_step=None):
     """Runs in each actor. Worker `kill_worker` SIGKILLs its own process at
     `kill_step`; at `wait_step` every rank waits (checking for new hosts)
     until the job has `full_size` ranks again, so the replacement surely
-    joins before the end. Returns this rank's view of the end."""
+    joins before the end. Worker `raise_worker` raises ValueError at
+    `raise_step`. Returns this rank's view of the end."""
     import runpy
     import signal
     import time
@@ -57,6 +59,8 @@ def _train(script, steps, kill_worker, kill_step, full_size, wait_step, step_sle
             s, n, r = state.step, hvd.size(), hvd.rank()
             if wid == kill_worker and s == kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if wid == raise_worker and s == raise_step:
+                raise ValueError(f"bad batch at step {s}")
             if s == wait_step:
                 while hvd.size() < full_size:
                     time.sleep(0.2)
@@ -85,7 +89,7 @@ def test_killed_actor_is_replaced_and_the_job_finishes(ray_cluster):
         # Worker 0 (rank 0) dies: the oldest survivor, worker 1, becomes rank 0.
         results = ex.run(_train, args=(WORKER_SCRIPT, steps, 0, kill_step, 3, wait_step, 0.2),
                          timeout=RUN_TIMEOUT)
-        events = [text for _, text in ex._elastic.events]
+        events = [text for _, text in ex_events(ex)]
         pids = [w["pid"] for w in ex.workers()]
     finally:
         ex.shutdown()
@@ -114,6 +118,53 @@ def test_killed_actor_is_replaced_and_the_job_finishes(ray_cluster):
     reference = runpy.run_path(WORKER_SCRIPT, run_name="elastic_worker")["replay"](sizes)
     for got, want in zip(results[0]["weights"], reference):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def _stopped(ex, pids):
+    """The executor was stopped by the failed run: it has no worker, and
+    none of the actors' processes outlives it."""
+    assert ex.workers() == []
+    with pytest.raises(RuntimeError, match="not running"):
+        ex.run(print)
+    assert not live_pids(pids, wait=10.0), "actor processes outlived the failed run"
+
+
+def test_exception_ends_the_run_naming_the_worker(ray_cluster):
+    ex = RayExecutor(min_workers=1, max_workers=2, num_workers=2, elastic_timeout=60,
+                     start_timeout=120)
+    ex.start()
+    pids = [w["pid"] for w in ex.workers()]
+    try:
+        with pytest.raises(ValueError, match="bad batch at step 2") as info:
+            ex.run(_train, args=(WORKER_SCRIPT, 6, None, None, 2, -1, 0.0),
+                   kwargs={"raise_worker": 1, "raise_step": 2}, timeout=RUN_TIMEOUT)
+        assert info.value.rank == 1
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "raised on worker 1" in notes and "rank 1" in notes, notes
+        # No rollback loop: the run ended at the first exception.
+        assert not any("round 2" in text for _, text in ex_events(ex)), ex_events(ex)
+        _stopped(ex, pids)
+    finally:
+        ex.shutdown()
+
+
+def ex_events(ex):
+    """What the executor's elastic job did (kept after a failed run)."""
+    return ex._elastic.events if ex._elastic is not None else ex._elastic_events
+
+
+def test_reset_limit_stops_the_run(ray_cluster):
+    ex = RayExecutor(min_workers=2, max_workers=3, num_workers=3, elastic_timeout=60,
+                     start_timeout=120, reset_limit=0)
+    ex.start()
+    pids = [w["pid"] for w in ex.workers()]
+    try:
+        with pytest.raises(RuntimeError, match=re.escape(
+                "the job reached reset_limit 0 (0 resets) and needs another one")):
+            ex.run(_train, args=(WORKER_SCRIPT, 40, 1, 2, 3, -1, 0.1), timeout=RUN_TIMEOUT)
+        _stopped(ex, pids)
+    finally:
+        ex.shutdown()
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -222,6 +222,7 @@ class RayExecutor:
         self.reset_limit = reset_limit
         self.verbose = verbose
         self._elastic = None     # the ElasticJob of an elastic executor, once started
+        self._elastic_events = []  # (monotonic, text) of the last elastic job that ended
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus
         self.placement_strategy = strategy
@@ -478,6 +479,7 @@ class RayExecutor:
     def _teardown(self, graceful):
         elastic, self._elastic = self._elastic, None
         if elastic is not None:
+            self._elastic_events = elastic.events  # what happened, kept for a post-mortem
             elastic.teardown(graceful, _STOP_SECONDS)
         workers, self._workers = self._workers, []
         if graceful and workers:
