@@ -217,6 +217,8 @@ class ElasticJob:
                 raise TimeoutError(f"RayExecutor.run (elastic): the job had not finished "
                                    f"after {timeout:g} s; it was stopped")
             for m in self._watch_starting(wait=0):
+                if succeeded_at is not None:
+                    continue  # stopped below: the job it would join is over
                 # Setup and the run go in one after the other: Ray runs an
                 # actor's calls from one caller in order.
                 self._setup(m)
@@ -242,7 +244,8 @@ class ElasticJob:
                 self._event(f"{m.name()} finished")
                 if succeeded_at is None:
                     succeeded_at = time.monotonic()
-                    self._stop_joining()
+            if succeeded_at is not None:
+                self._stop_joining()
             members = self._live()
             if succeeded_at is not None:
                 if all(m.done for m in members if m.wid in self.rounds.members):
