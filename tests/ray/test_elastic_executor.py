@@ -9,6 +9,7 @@ committed step ran at can be replayed in one process for a reference.
 import os
 import re
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -165,6 +166,77 @@ def test_reset_limit_stops_the_run(ray_cluster):
         _stopped(ex, pids)
     finally:
         ex.shutdown()
+
+
+class _Hold:
+    """An actor that only holds the CPUs it was placed with."""
+
+    def ping(self):
+        return 1
+
+
+def test_below_min_workers_fails_after_elastic_timeout_naming_the_shortfall(ray_cluster):
+    ex = RayExecutor(min_workers=2, max_workers=2, num_workers=2, cpus_per_worker=2,
+                     elastic_timeout=5, start_timeout=120)
+    ex.start()
+    pids = [w["pid"] for w in ex.workers()]
+    # Queued now (the two workers hold the cluster's 4 CPUs), Ray places it
+    # as soon as the lost worker's CPUs are free: no room for a replacement.
+    hold = ray.remote(num_cpus=2)(_Hold).remote()
+    try:
+        with pytest.raises(RuntimeError, match=re.escape(
+                "gave up after elastic_timeout 5 s waiting for 1 more worker(s): min_workers "
+                "is 2 and 1 worker(s) are running")):
+            ex.run(_train, args=(WORKER_SCRIPT, 40, 1, 2, 2, -1, 0.1), timeout=RUN_TIMEOUT)
+        texts = [text for _, text in ex_events(ex)]
+        assert any(t.startswith("waiting for 1 more worker(s)") for t in texts), texts
+        assert ray.get(hold.ping.remote(), timeout=30) == 1
+        _stopped(ex, pids)
+    finally:
+        ex.shutdown()
+        ray.kill(hold)
+
+
+def test_below_min_workers_waits_and_recovers_when_ray_has_room_again(ray_cluster):
+    import threading
+    ex = RayExecutor(min_workers=2, max_workers=2, num_workers=2, cpus_per_worker=2,
+                     elastic_timeout=120, start_timeout=120)
+    ex.start()
+    hold = ray.remote(num_cpus=2)(_Hold).remote()
+    released = []
+
+    def release_when_waiting():
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while time.monotonic() < deadline and ex._elastic is not None:
+            if any(t.startswith("waiting for 1 more worker(s)") for _, t in ex_events(ex)):
+                time.sleep(1.0)  # it keeps waiting while Ray has no room
+                released.append([t for _, t in ex_events(ex)])
+                ray.kill(hold)
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=release_when_waiting, daemon=True)
+    watcher.start()
+    try:
+        results = ex.run(_train, args=(WORKER_SCRIPT, 12, 1, 2, 2, 6, 0.1),
+                         timeout=RUN_TIMEOUT)
+    finally:
+        ex.shutdown()
+        ray.kill(hold)
+        watcher.join(10)
+    assert released, "the job never waited below min_workers"
+    assert not any("round 2" in t for t in released[0]), released[0]
+    # Worker 1 was lost at step 2; its replacement (worker 2) joined once the
+    # held CPUs were free, and the job finished at size 2.
+    assert [r["worker"] for r in results] == [0, 2]
+    sizes = results[0]["sizes"]
+    assert sizes == [2] * 12 and results[1]["sizes"] == sizes, sizes
+    for a, b in zip(results[0]["weights"], results[1]["weights"]):
+        np.testing.assert_array_equal(a, b)
+    import runpy
+    reference = runpy.run_path(WORKER_SCRIPT, run_name="elastic_worker")["replay"](sizes)
+    for got, want in zip(results[0]["weights"], reference):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs, message", [

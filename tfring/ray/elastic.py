@@ -274,7 +274,10 @@ class ElasticJob:
             self._maybe_spawn()
             ready_members = sorted((m for m in members if m.announced and m.live()),
                                    key=lambda m: m.wid)
-            starting = sum(1 for m in members if m.live() and not m.announced)
+            # Only placed actors are on their way: one Ray cannot place
+            # must not hold off the elastic timeout.
+            starting = sum(1 for m in members
+                           if m.live() and not m.announced and m.described is not None)
             failure = self.rounds.decide(ready_members, starting, self._shortfall)
             if failure is not None:
                 self.ex._fail(failure)
@@ -322,10 +325,12 @@ class ElasticJob:
         self._spawn()
 
     def _shortfall(self, what):
-        live = self._live()
-        return (f"{what} {self.min_workers - len(live)} more worker(s): min_workers is "
-                f"{self.min_workers} and {len(live)} worker(s) are running; "
-                f"{self._resources()}.")
+        running = [m for m in self._live() if m.described is not None]
+        unplaced = len(self._live()) - len(running)
+        return (f"{what} {self.min_workers - len(running)} more worker(s): min_workers is "
+                f"{self.min_workers} and {len(running)} worker(s) are running"
+                + (f" ({unplaced} more waiting for Ray to place it)" if unplaced else "")
+                + f"; {self._resources()}.")
 
     def workers(self):
         """[{"rank", "worker", "host", "address", "pid"}] of the live
