@@ -440,21 +440,12 @@ class RayExecutor:
             f"{self._where(rank)} was lost: its Ray actor died ({type(error).__name__}"
             f"{': ' + first if first else ''}); the job was stopped", rank)
 
-    def _raised(self, rank, payload, summary, text):
-        error = None
-        if payload is not None:
-            try:
-                error = ray.cloudpickle.loads(payload)
-            except Exception:  # noqa: BLE001 - its class may not exist here
-                error = None
-        note = f"tfring.ray: raised on {self._where(rank)}; its traceback:\n{text}"
-        if not isinstance(error, BaseException):
-            return RuntimeError(f"{self._where(rank)} raised {summary}\n{text}")
-        return engine_env.attach_rank(error, rank, note)
-
-    def _raised_elastic(self, member, rank, payload, summary, text):
-        """The exception an elastic worker's function raised, as _raised."""
-        where = member.name()
+    def _raised(self, rank, payload, summary, text, where=None):
+        """The exception rank `rank`'s function raised, rebuilt on the driver
+        (its own type when its class can be unpickled here, else a
+        RuntimeError), marked with the rank and the remote traceback.
+        `where` names the worker (default: by rank, as fixed-size jobs do)."""
+        where = where or self._where(rank)
         error = None
         if payload is not None:
             try:
