@@ -50,6 +50,8 @@ def parse_args(argv=None):
                    help="TFRING_CPU_OPERATIONS values for the collective sweep "
                         "('auto' leaves it unset)")
     p.add_argument("--training-seconds", type=float, help="measured phase per training run")
+    p.add_argument("--training-reps", type=int, default=3,
+                   help="interleaved repetitions of (np=2, ceiling) in the training part")
     return p.parse_args(argv)
 
 
@@ -162,37 +164,68 @@ def run_collectives(r, quick, nps, planes, max_bytes):
                   "collectives.py", args, env)
 
 
-def run_training(r, quick, seconds):
+def run_training(r, quick, seconds, reps):
+    """np=1 once, then `reps` interleaved pairs of (np=2, the ceiling).
+
+    The ceiling is two independent single-rank trainings at once. On a shared
+    machine the load drifts between launches, so each np=2 run is compared
+    with the ceiling run right next to it (the order alternates from one
+    repetition to the next, so a steady drift favours neither) and the report
+    takes the median of the per-repetition ratios.
+    """
     r.clear("training")
-    args = ["--out", r.out("training")]
+    args = []
     if quick:
         args.append("--quick")
     if seconds:
         args += ["--seconds", str(seconds)]
     timeout = 180 if quick else 300
-    r.run("training_np1", 1, timeout, "training.py", args + ["--label", "np1"])
-    r.run("training_np2", 2, timeout, "training.py", args + ["--label", "np2"])
-    sync = os.path.relpath(os.path.join(r.results, "logs", "indep_rendezvous"), ROOT)
-    shutil.rmtree(os.path.join(ROOT, sync), ignore_errors=True)
-    # Two single-rank jobs at once, no communication between them; separate
-    # output files so their lines cannot interleave, merged afterwards.
-    jobs, parts = [], []
-    for tag in ("a", "b"):
-        part = f"training_indep_{tag}"
+    merged = os.path.join(r.results, "training.jsonl")
+
+    def collect(parts, rep, load_before):
+        load_after = os.getloadavg()[0]
+        with open(merged, "a") as out:
+            for i, part in enumerate(parts):
+                for rec in bc.read_jsonl(os.path.join(r.results, f"{part}.jsonl")):
+                    rec.update(job=i, rep=rep, load_before=load_before, load_after=load_after)
+                    out.write(json.dumps(rec, sort_keys=True) + "\n")
+                r.clear(part)
+
+    def single(label, np_, rep):
+        part = f"training_{label}_{rep}"
         r.clear(part)
-        parts.append(part)
-        jobs.append(r.start(f"training_indep_{tag}", 1, timeout, "training.py",
-                            ["--out", r.out(part), "--label", "indep", "--sync-dir", sync,
-                             "--sync-count", "2"] + args[2:]))
-    for job in jobs:
-        r.finish(job, echo=job is jobs[0])
-    with open(os.path.join(r.results, "training.jsonl"), "a") as merged:
-        for i, part in enumerate(parts):
-            for rec in bc.read_jsonl(os.path.join(r.results, f"{part}.jsonl")):
-                rec["job"] = i
-                merged.write(json.dumps(rec, sort_keys=True) + "\n")
+        load = os.getloadavg()[0]
+        r.run(f"training_{label}_rep{rep}", np_, timeout, "training.py",
+              ["--out", r.out(part), "--label", label] + args)
+        collect([part], rep, load)
+
+    def ceiling(rep):
+        sync = os.path.relpath(os.path.join(r.results, "logs", f"indep_rendezvous_{rep}"), ROOT)
+        shutil.rmtree(sync, ignore_errors=True)
+        # Two single-rank jobs at once, no communication between them; separate
+        # output files so their lines cannot interleave, merged afterwards.
+        jobs, parts = [], []
+        load = os.getloadavg()[0]
+        for tag in ("a", "b"):
+            part = f"training_indep_{tag}_{rep}"
             r.clear(part)
-    shutil.rmtree(os.path.join(ROOT, sync), ignore_errors=True)
+            parts.append(part)
+            jobs.append(r.start(f"training_indep_{tag}_rep{rep}", 1, timeout, "training.py",
+                                ["--out", r.out(part), "--label", "indep", "--sync-dir", sync,
+                                 "--sync-count", "2"] + args))
+        for job in jobs:
+            r.finish(job, echo=job is jobs[0])
+        collect(parts, rep, load)
+        shutil.rmtree(sync, ignore_errors=True)
+
+    single("np1", 1, 0)
+    for rep in range(reps):
+        if rep % 2 == 0:
+            single("np2", 2, rep)
+            ceiling(rep)
+        else:
+            ceiling(rep)
+            single("np2", 2, rep)
 
 
 def run_independent(r, quick, nps):
@@ -311,7 +344,7 @@ def main(argv=None):
             elif p == "independent":
                 run_independent(r, args.quick, nps)
             elif p == "training":
-                run_training(r, args.quick, args.training_seconds)
+                run_training(r, args.quick, args.training_seconds, args.training_reps)
             elif p == "profile":
                 run_profile(r, args.quick, args.training_seconds)
         info = machine_info(args.quick, started, bc.now_iso())
