@@ -354,19 +354,6 @@ def test_job_token_is_not_on_any_command_line(tmp_path, controller):
     assert rank_lines(out) == {0: ["token in env: False"], 1: ["token in env: False"]}
 
 
-def test_supervisor_ignores_a_hello_with_the_wrong_token():
-    supervisor = Supervisor(1)
-    conn = types.SimpleNamespace(rank=None, sock=None)
-    closed = []
-    supervisor._close = closed.append
-    wrong = "0" * len(supervisor.token)
-    supervisor._handle(conn, ["hello", wrong, "0", "123", "host"], [])
-    assert closed == [conn] and conn.rank is None
-    supervisor._handle(conn, ["hello", supervisor.token, "0", "123", "host"], [])
-    assert conn.rank == 0 and supervisor.ranks[0].pid == 123
-    supervisor.listener.close()
-
-
 def test_shm_cleanup_removes_only_the_jobs_unmapped_files():
     # Other jobs' files, mapped or not, are never touched.
     tag = uuid.uuid4().hex

@@ -41,11 +41,8 @@ While the job runs, the supervisor notes which MPI shared-memory files its
 ranks on this host have mapped; when the job is over, those that no
 process maps any more are removed (see :mod:`tfring.runner.shm_cleanup`).
 """
-import hmac
 import json
 import os
-import secrets
-import selectors
 import signal
 import socket
 import subprocess
@@ -54,7 +51,8 @@ import threading
 import time
 
 from tfring.runner import rank_wrapper as wire
-from tfring.runner import shm_cleanup
+from tfring.runner import shm_cleanup, wrapper_link
+from tfring.runner.wrapper_link import WrapperListener
 
 GRACE_SECONDS = 3.0
 # After a rank fails, the others get this long to notice (tfring names the
@@ -138,14 +136,6 @@ class _Rank:
         self.host = None
         self.pid = None
         self.code = None  # None while running
-
-
-class _Connection:
-    def __init__(self, sock):
-        self.sock = sock
-        self.buffer = b""
-        self.rank = None
-        self.released = False
 
 
 def _signal(pid, signum, group=False):
@@ -351,14 +341,10 @@ class Supervisor:
         self.grace = grace
         self.failure_grace = failure_grace
         self.deferred_stop = None  # when a stop delayed by failure_grace happens
-        self.token = secrets.token_hex(16)
-        self.listener = socket.create_server((bind_host, 0))
-        self.listener.setblocking(False)
-        self.address = f"{advertise_host}:{self.listener.getsockname()[1]}"
         self.ranks = {r: _Rank() for r in range(num_proc)}
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self.listener, selectors.EVENT_READ)
-        self.connections = []
+        self.wrappers = WrapperListener(bind_host, known=lambda rank: rank in self.ranks)
+        self.token = self.wrappers.token
+        self.address = f"{advertise_host}:{self.wrappers.port}"
         self.job = None            # the launch mode, once run() started it
         self.outcome = None        # (exit code, message) of what ended the job
         self.stop_deadline = None  # when the hard kill happens
@@ -421,76 +407,36 @@ class Supervisor:
             self.shm_paths |= shm_cleanup.mapped_segments(self._local_processes())
 
     # -- wrapper messages --------------------------------------------------
-    def _accept(self):
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            return
-        sock.setblocking(False)
-        conn = _Connection(sock)
-        self.connections.append(conn)
-        self.selector.register(sock, selectors.EVENT_READ, conn)
+    def _on_hello(self, link, pid, host):
+        state = self.ranks[link.id]
+        state.pid, state.host = pid, host
+        if self.verbose:
+            self._say(f"rank {link.id} started on {host} (pid {pid})")
+        if self.stop_deadline is not None:
+            link.stop()
 
-    def _close(self, conn):
-        self.selector.unregister(conn.sock)
-        conn.sock.close()
-        self.connections.remove(conn)
-
-    def _read(self, conn, exits):
-        try:
-            data = conn.sock.recv(4096)
-        except BlockingIOError:
+    def _on_lost(self, link, exits):
+        if self.ranks[link.id].code is not None:
             return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
-            if conn.rank is not None and self.ranks[conn.rank].code is None:
-                # The wrapper died without reporting: treat as killed.
-                self.ranks[conn.rank].code = -signal.SIGKILL
-                exits.append((conn.rank, -signal.SIGKILL))
-                if self.verbose or self.outcome is not None:
-                    self._say(f"{self._rank_name(conn.rank)} ended without reporting how "
-                              "(its wrapper was killed); counted as killed by SIGKILL")
-            return
-        conn.buffer += data
-        *lines, conn.buffer = conn.buffer.split(b"\n")
-        for line in lines:
-            self._handle(conn, line.decode(errors="replace").split(), exits)
-
-    def _handle(self, conn, words, exits):
-        if conn.rank is None:
-            # The first message must be a hello with our token: anything else
-            # is a stray connection, not one of this job's ranks.
-            if (len(words) != 5 or words[0] != wire.HELLO
-                    or not hmac.compare_digest(words[1].encode(), self.token.encode())
-                    or not words[2].isdigit() or int(words[2]) not in self.ranks):
-                self._close(conn)
-                return
-            conn.rank = int(words[2])
-            state = self.ranks[conn.rank]
-            state.pid, state.host = int(words[3]), words[4]
-            if self.verbose:
-                self._say(f"rank {conn.rank} started on {state.host} (pid {state.pid})")
-            if self.stop_deadline is not None:
-                self._send_stop(conn)
-        elif len(words) == 3 and words[0] == wire.EXIT and words[1] == str(conn.rank):
-            try:
-                code = int(words[2])
-            except ValueError:
-                return
-            self.ranks[conn.rank].code = code
-            exits.append((conn.rank, code))
-            self._report_end(conn.rank, code)
+        # The wrapper died without reporting: treat as killed.
+        self.ranks[link.id].code = -signal.SIGKILL
+        exits.append((link.id, -signal.SIGKILL))
+        if self.verbose or self.outcome is not None:
+            self._say(f"{self._rank_name(link.id)} ended without reporting how "
+                      "(its wrapper was killed); counted as killed by SIGKILL")
 
     def _poll_wrappers(self, timeout):
         """Handles wrapper traffic; returns [(rank, code)] of ranks that just ended."""
         exits = []
-        for key, _ in self.selector.select(timeout):
-            if key.data is None:
-                self._accept()
+        for kind, link, *details in self.wrappers.poll(timeout):
+            if kind == wrapper_link.HELLO:
+                self._on_hello(link, *details)
+            elif kind == wrapper_link.EXIT:
+                self.ranks[link.id].code = details[0]
+                exits.append((link.id, details[0]))
+                self._report_end(link.id, details[0])
             else:
-                self._read(key.data, exits)
+                self._on_lost(link, exits)
         return exits
 
     def _first_failure(self, exits):
@@ -503,23 +449,12 @@ class Supervisor:
         return failed[0]
 
     # -- stopping ----------------------------------------------------------
-    def _send(self, conn, word):
-        try:
-            conn.sock.sendall((word + "\n").encode())
-        except OSError:
-            pass
-
-    def _send_stop(self, conn):
-        self._send(conn, wire.STOP)
-
     def _release(self):
         """Lets waiting wrappers exit, once no rank is running any more."""
         if self._running():
             return
-        for conn in self.connections:
-            if conn.rank is not None and not conn.released:
-                conn.released = True
-                self._send(conn, wire.RELEASE)
+        for link in self.wrappers.authenticated():
+            link.release()
 
     def _stop(self, code, message, delay=0.0):
         """Records why the job ends (first reason wins) and starts stopping it,
@@ -536,9 +471,8 @@ class Supervisor:
         self.deferred_stop = None
         self._note_shm()  # before any rank is told to go
         self.stop_deadline = time.monotonic() + self.grace + _KILL_MARGIN
-        for conn in list(self.connections):
-            if conn.rank is not None:
-                self._send_stop(conn)
+        for link in self.wrappers.authenticated():
+            link.stop()
         if self._not_started():
             self.job.stop_unstarted(self._not_started())
 
@@ -622,10 +556,7 @@ class Supervisor:
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
-                for conn in list(self.connections):
-                    self._close(conn)
-                self.selector.close()
-                self.listener.close()
+                self.wrappers.close()
 
     def _supervise(self):
         started_at = time.monotonic()
@@ -639,7 +570,7 @@ class Supervisor:
         # A wrapper's last message can still be in flight when the last
         # launch process exits.
         drain_until = time.monotonic() + _DRAIN_SECONDS
-        while self.connections and time.monotonic() < drain_until:
+        while self.wrappers.links and time.monotonic() < drain_until:
             self._on_exits(self._poll_wrappers(_POLL_SECONDS))
         self._check_launch_ends(unexplained, final=True)
         if self.outcome is not None or self.verbose:

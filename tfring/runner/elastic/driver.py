@@ -37,23 +37,21 @@ Policy:
 
 Every way out stops and reaps every worker it started.
 """
-import hmac
 import json
 import os
 import random
-import selectors
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 from tfring.runner import hosts as hosts_mod
-from tfring.runner import rank_wrapper, rendezvous, wire
+from tfring.runner import rank_wrapper, rendezvous, wire, wrapper_link
 from tfring.runner.elastic import protocol
 from tfring.runner.elastic.rounds import Rounds
 from tfring.runner.supervisor import _feed, describe_exit, remote_environment
+from tfring.runner.wrapper_link import WrapperListener
 
 BLACKLIST_FAILURES = 3
 DISCOVERY_INTERVAL = 1.0
@@ -134,11 +132,6 @@ class _Worker:
         return f"worker {self.wid} (on {self.host}{rank})"
 
 
-class _Conn:
-    def __init__(self, sock):
-        self.sock, self.buffer, self.wid = sock, b"", None
-
-
 class Driver:
     """Runs one elastic job; :meth:`run` returns tfringrun's exit code.
 
@@ -198,13 +191,10 @@ class Driver:
         self.outcome = None          # (code, message)
         self.signals = []
         self.events = []             # (monotonic, text): for benchmarks and --verbose
-        self.token = wire.encode_secret(wire.generate_secret())
         self.secret = wire.generate_secret()
         self.store = None
         self.client = None
-        self.listener = None
-        self.selector = None
-        self.conns = []
+        self.wrappers = None         # the rank wrappers' listener, once running
         self.next_discovery = 0.0
 
     # -- output ----------------------------------------------------------------
@@ -304,7 +294,7 @@ class Driver:
     # -- workers ---------------------------------------------------------------
     def _wrapper_command(self, env_stdin):
         cmd = [sys.executable, os.path.abspath(rank_wrapper.__file__),
-               "--launcher", f"{self.advertise_host}:{self.listener.getsockname()[1]}",
+               "--launcher", f"{self.advertise_host}:{self.wrappers.port}",
                "--grace", str(_GRACE), "--connect-timeout", str(self.start_timeout)]
         if self.prefix_output:
             cmd.append("--prefix")
@@ -325,7 +315,7 @@ class Driver:
             "TFRING_CONTROLLER": "tcp", protocol.ELASTIC_ENV: "1",
             protocol.WORKER_ENV: str(wid),
             protocol.TIMEOUT_ENV: f"{self.elastic_timeout + _WORKER_MARGIN:g}",
-            rank_wrapper.RANK_ENV: str(wid), rank_wrapper.TOKEN_ENV: self.token,
+            rank_wrapper.RANK_ENV: str(wid), rank_wrapper.TOKEN_ENV: self.wrappers.token,
             "TFRING_RENDEZVOUS_ADDR": self.advertise_host,
             "TFRING_RENDEZVOUS_PORT": str(self.store.address[1]),
             wire.SECRET_ENV: wire.encode_secret(self.secret),
@@ -361,70 +351,16 @@ class Driver:
             return
         self._event(f"started worker {wid} on {name}")
 
-    def _accept(self):
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            return
-        sock.setblocking(False)
-        conn = _Conn(sock)
-        self.conns.append(conn)
-        self.selector.register(sock, selectors.EVENT_READ, conn)
-
-    def _close(self, conn):
-        try:
-            self.selector.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
-        conn.sock.close()
-        if conn in self.conns:
-            self.conns.remove(conn)
-
-    def _send(self, conn, word):
-        try:
-            conn.sock.setblocking(True)
-            conn.sock.settimeout(1.0)
-            conn.sock.sendall((word + "\n").encode())
-        except OSError:
-            pass
-        finally:
-            try:
-                conn.sock.setblocking(False)
-            except OSError:
-                pass
-
-    def _read(self, conn):
-        try:
-            data = conn.sock.recv(4096)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
-            return
-        conn.buffer += data
-        *lines, conn.buffer = conn.buffer.split(b"\n")
-        for line in lines:
-            words = line.decode(errors="replace").split()
-            if conn.wid is None:
-                if (len(words) != 5 or words[0] != rank_wrapper.HELLO
-                        or not hmac.compare_digest(words[1].encode(), self.token.encode())
-                        or not words[2].isdigit() or int(words[2]) not in self.workers):
-                    self._close(conn)
-                    return
-                conn.wid = int(words[2])
-                worker = self.workers[conn.wid]
-                worker.conn, worker.pid = conn, int(words[3])
-                if self.outcome is not None:
-                    self._send(conn, rank_wrapper.STOP)
-            elif len(words) == 3 and words[0] == rank_wrapper.EXIT:
-                try:
-                    code = int(words[2])
-                except ValueError:
-                    continue
-                self._send(conn, rank_wrapper.RELEASE)
-                self._ended(self.workers[conn.wid], code)
+    def _on_wrapper(self, kind, link, *details):
+        worker = self.workers[link.id]
+        if kind == wrapper_link.HELLO:
+            worker.conn, worker.pid = link, details[0]
+            if self.outcome is not None:
+                link.stop()
+        elif kind == wrapper_link.EXIT:
+            link.release()
+            self._ended(worker, details[0])
+        # A wrapper lost without an exit is noticed through its process.
 
     def _ended(self, worker, code):
         if worker.code is not None:
@@ -478,7 +414,7 @@ class Driver:
                 self._say(f"{w.name()} did not reach init() within {limit:g} s "
                           "(--start-timeout + --elastic-timeout); stopping it")
                 if w.conn is not None:
-                    self._send(w.conn, rank_wrapper.STOP)
+                    w.conn.stop()
                 _signal_group(w.proc.pid, signal.SIGTERM)
 
     def _check_processes(self):
@@ -539,7 +475,7 @@ class Driver:
         live = [w for w in self.workers.values() if w.proc is not None and w.proc.poll() is None]
         for w in live:
             if w.conn is not None:
-                self._send(w.conn, rank_wrapper.STOP)
+                w.conn.stop()
             _signal_group(w.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + _GRACE + 2.0
         while time.monotonic() < deadline and any(w.proc.poll() is None for w in live):
@@ -552,11 +488,8 @@ class Driver:
                 w.proc.wait()
 
     def _pump(self, timeout):
-        for key, _ in self.selector.select(timeout):
-            if key.data is None:
-                self._accept()
-            else:
-                self._read(key.data)
+        for event in self.wrappers.poll(timeout):
+            self._on_wrapper(*event)
 
     def _on_signal(self, signum, _frame):
         self.signals.append(signum)
@@ -574,10 +507,7 @@ class Driver:
                                  elastic_timeout=self.elastic_timeout,
                                  reset_limit=self.reset_limit, say=self._say,
                                  event=lambda text, always: self._event(text, always))
-            self.listener = socket.create_server((self.bind_host, 0))
-            self.listener.setblocking(False)
-            self.selector = selectors.DefaultSelector()
-            self.selector.register(self.listener, selectors.EVENT_READ)
+            self.wrappers = WrapperListener(self.bind_host, known=lambda wid: wid in self.workers)
             try:
                 self._apply_discovery(self._discover())
             except DriverError as e:
@@ -586,15 +516,11 @@ class Driver:
             return self._loop()
         finally:
             try:
-                if self.selector is not None:
+                if self.wrappers is not None:
                     self._stop_all()
             finally:
-                for conn in list(self.conns):
-                    self._close(conn)
-                if self.selector is not None:
-                    self.selector.close()
-                if self.listener is not None:
-                    self.listener.close()
+                if self.wrappers is not None:
+                    self.wrappers.close()
                 if self.client is not None:
                     self.client.close()
                 if self.store is not None:
