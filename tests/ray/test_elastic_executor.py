@@ -249,3 +249,57 @@ def test_below_min_workers_waits_and_recovers_when_ray_has_room_again(ray_cluste
 def test_elastic_settings_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         RayExecutor(**kwargs)
+
+
+def test_grows_to_max_workers_when_ray_has_room_and_runs_again(ray_cluster):
+    # Two of the cluster's 4 CPUs are held, so the job starts with the 2
+    # workers asked for; once the first round runs they are freed, the job
+    # grows to max_workers (3) while training, and a second run() reuses
+    # the grown job.
+    import threading
+    hold = ray.remote(num_cpus=2)(_Hold).remote()
+    assert ray.get(hold.ping.remote(), timeout=60) == 1
+    ex = RayExecutor(min_workers=2, max_workers=3, num_workers=2, cpus_per_worker=1,
+                     elastic_timeout=120, start_timeout=120)
+    ex.start()
+    steps, wait_step = 12, 6
+
+    def release_once_training():
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while time.monotonic() < deadline and ex._elastic is not None:
+            if any(t.startswith("round 1:") for _, t in ex_events(ex)):
+                ray.kill(hold)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=release_once_training, daemon=True)
+    watcher.start()
+    try:
+        assert [w["worker"] for w in ex.workers()] == [0, 1]
+        first = ex.run(_train, args=(WORKER_SCRIPT, steps, None, None, 3, wait_step, 0.1),
+                       timeout=RUN_TIMEOUT)
+        second = ex.run(_train, args=(WORKER_SCRIPT, 4, None, None, 3, -1, 0.0),
+                        timeout=RUN_TIMEOUT)
+        events = [text for _, text in ex_events(ex)]
+        pids = [w["pid"] for w in ex.workers()]
+    finally:
+        ex.shutdown()
+        ray.kill(hold)
+        watcher.join(10)
+    assert not live_pids(pids, wait=10.0), "actor processes outlived shutdown()"
+    assert any(t.startswith("started worker 2") for t in events), events
+    assert not any("worker 3" in t for t in events), "grew past max_workers: " + repr(events)
+    assert [r["worker"] for r in first] == [0, 1, 2], first
+    sizes = first[0]["sizes"]
+    # Size 2 until the new worker joined (at a commit, by the wait at the latest).
+    grew = sizes.index(3)
+    assert 0 < grew <= wait_step and sizes == [2] * grew + [3] * (steps - grew), sizes
+    import runpy
+    reference = runpy.run_path(WORKER_SCRIPT, run_name="elastic_worker")["replay"]
+    for results, schedule in ((first, sizes), (second, [3] * 4)):
+        for r in results[1:]:
+            for a, b in zip(r["weights"], results[0]["weights"]):
+                np.testing.assert_array_equal(a, b)
+        for got, want in zip(results[0]["weights"], reference(schedule)):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert [r["worker"] for r in second] == [0, 1, 2] and second[0]["sizes"] == [3] * 4
