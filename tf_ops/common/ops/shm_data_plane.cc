@@ -27,6 +27,17 @@
 //     input is read once, and its output is written while the peers copy.
 //   Alltoall: each step carries a chunk for every pair; the first step also
 //     agrees how many steps the largest pair needs.
+//
+// Single copy. From a size on, when every rank may read the others' memory
+// (process_vm_readv; probed and agreed once, at set-up), broadcast and
+// allgather skip the segment: one exchange shares the source buffers'
+// addresses, each rank copies what it needs straight from them into its
+// output, and a second exchange keeps every source alive until all have
+// read. Each byte is copied once, and the ranks do not move in lockstep
+// while they copy, which on a busy host (a rank descheduled between two
+// steps stalls the others) matters as much as the bytes. A rank whose read
+// fails says so in the second exchange, and all ranks then run the staged
+// path instead.
 #include "shm_data_plane.h"
 
 #include <sys/uio.h>
