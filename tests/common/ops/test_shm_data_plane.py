@@ -11,11 +11,11 @@ from support import run_rank_suite
 
 SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks",
                      "test_shm_collectives.py")
-# Every broadcast and allgather of the forced runs also takes the single-copy
-# path (where the system lets ranks read each other's memory); the staged
-# path runs below its threshold in every other suite, and in shm_test.cc.
+# Every broadcast and allgather of the forced runs also takes the (opt-in)
+# single-copy path, where the system lets ranks read each other's memory;
+# the staged path runs in every other suite, and in shm_test.cc.
 FORCED = {"TFRING_CPU_OPERATIONS": "shm", "TFRING_SHM_MIN_BYTES": "0",
-          "TFRING_SHM_SINGLE_COPY_MIN_BYTES": "0"}
+          "TFRING_SHM_SINGLE_COPY": "1", "TFRING_SHM_SINGLE_COPY_MIN_BYTES": "0"}
 # Segment names are /tfring-<pid of rank 0>-<counter>-<random>.
 SEGMENT = re.compile(r"^tfring-(\d+)-")
 

@@ -170,8 +170,9 @@ def test_broadcast_every_root_and_dtype(mode, rank, size):
 
 
 def test_large_broadcast_and_allgather(mode, rank, size):
-    # Past the shared-memory plane's single-copy threshold (2 MB), odd sizes,
-    # values that differ by position and rank: a misplaced byte shows.
+    # Many steps of the shared-memory plane (and past its opt-in single-copy
+    # threshold, 2 MB), odd sizes, values that differ by position and rank:
+    # a misplaced byte shows.
     n = (3 << 20) // 4 + 5
     rows = (rank + 1) * 300001
 

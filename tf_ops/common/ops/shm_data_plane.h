@@ -36,7 +36,9 @@ struct ShmOptions {
   // Whether this rank lets broadcasts and allgathers read other ranks'
   // memory directly (process_vm_readv) when the system permits it. The
   // ranks agree at set-up: if any rank refuses or is refused, none does.
-  bool single_copy = true;
+  // Off by default: measured inside TensorFlow, the staged path was as fast
+  // or faster (see the single-copy note in shm_data_plane.cc).
+  bool single_copy = false;
   // Broadcasts and allgathers (counting the whole output) of at least this
   // many bytes take the single-copy path; negative: choose. Rank 0's value
   // is used by every rank.

@@ -9,7 +9,8 @@
 //   shm_test [--np N] [--timeout S]           run the tests (default np 2 and 3)
 //   shm_test --bench --np N [--chunk B] [--small B] [--spin NS] [--bytes B]... [--pin]
 //                [--skew US]                  the last rank starts each collective late
-//                [--no-single-copy] [--single-copy-min B]
+//                [--single-copy] [--single-copy-min B]
+//                [--compare]                  alternate with a staged-only plane
 //                [--collective C]             time C by size: allreduce (float32, the
 //                                             default), broadcast, broadcast-inplace,
 //                                             allgather, or memcpy (the floor)
@@ -550,28 +551,33 @@ int RunCorrectness(Bus* bus, int rank, int size) {
   std::vector<PlaneUnderTest> planes;
   // Default tuning, then tiny chunks (many steps, cheap) with and without the
   // one-step small-message path.
-  // Broadcast and allgather go through the segment in "4k-chunks" (single
-  // copy refused by every rank) and "refused-by-last" (refused by one rank
-  // only: the others must follow it), and read the source rank's memory
-  // directly from any size in "single-copy" where the system allows it (as
-  // root, or with ptrace permission between the ranks).
-  enum Copy { kAllowed, kRefused, kRefusedByLast };
+  // Broadcast and allgather go through the segment by default (single copy
+  // is opt-in), in "4k-chunks" (refused by every rank) and in
+  // "refused-by-last" (refused by one rank only: the others must follow it).
+  // Where the system lets ranks read each other's memory (as root, or with
+  // ptrace permission between them) they read the source rank's memory
+  // directly from the default threshold on in "single-copy" (sizes around
+  // it), and from any size in "single-copy-always".
+  enum Copy { kDefault, kAllowed, kRefused, kRefusedByLast };
   struct Variant {
     const char* label;
     int64_t chunk;
     int64_t small;
     Copy copy;
     int64_t single_copy_min;
-  } variants[] = {{"default", 0, -1, kAllowed, -1},
+  } variants[] = {{"default", 0, -1, kDefault, -1},
                   {"4k-chunks", 4096, 0, kRefused, 0},
-                  {"4k-chunks+small", 4096, 4096, kAllowed, -1},
-                  {"single-copy", 4096, 0, kAllowed, 0},
-                  {"refused-by-last", 4096, 0, kRefusedByLast, 0}};
+                  {"4k-chunks+small", 4096, 4096, kDefault, -1},
+                  {"single-copy", 0, -1, kAllowed, -1},
+                  {"refused-by-last", 4096, 0, kRefusedByLast, 0},
+                  {"single-copy-always", 4096, 0, kAllowed, 0}};
   for (const auto& v : variants) {
     ShmOptions opts;
     opts.chunk_bytes = v.chunk;
     opts.small_allreduce_bytes = v.small;
-    opts.single_copy = v.copy == kAllowed || (v.copy == kRefusedByLast && rank != size - 1);
+    if (v.copy != kDefault) {
+      opts.single_copy = v.copy == kAllowed || (v.copy == kRefusedByLast && rank != size - 1);
+    }
     opts.single_copy_min_bytes = v.single_copy_min;
     PlaneUnderTest p{v.label, nullptr, 0};
     Status s = MakePlane(boot, monitor, rank, size, opts, &p.plane);
@@ -584,7 +590,7 @@ int RunCorrectness(Bus* bus, int rank, int size) {
     const std::vector<uint64_t> all = boot.Gather(single ? 1 : 0);
     for (int j = 0; j < size; ++j)
       CHECK(all[j] == all[0], "%s: ranks disagree on the single-copy path", v.label);
-    CHECK(v.copy == kAllowed || !single, "%s: single copy on although refused", v.label);
+    CHECK(v.copy == kAllowed || !single, "%s: single copy on although off or refused", v.label);
     if (single) p.single_copy_min = v.single_copy_min >= 0 ? v.single_copy_min : 2 << 20;
     if (rank == 0)
       std::printf("[rank 0] plane %s: single copy %s\n", v.label, single ? "on" : "off");
@@ -597,12 +603,12 @@ int RunCorrectness(Bus* bus, int rank, int size) {
 
   for (auto& p : planes) {
     const bool every_size = std::strcmp(p.label, "default") != 0;
-    if (&p != &planes[3] && &p != &planes[4]) {
+    if (&p < &planes[3]) {
       TestAllreduce(p, rank, size, every_size);
       TestAllreduceAgrees(p, boot, rank, size);
     }
     if (&p == &planes[2]) continue;  // differs from planes[1] in allreduce only
-    if (&p == &planes[3] || &p == &planes[4]) {  // differ in broadcast and allgather only
+    if (&p >= &planes[3]) {  // differ in broadcast and allgather only
       TestAllgather(p, rank, size);
       TestBroadcast(p, rank, size);
       continue;
@@ -631,6 +637,7 @@ int RunFailure(Bus* bus, int rank, int size, const char* how) {
   // path where the system allows it.
   const bool broadcast = std::strcmp(how, "kill-broadcast") == 0;
   ShmOptions opts;
+  opts.single_copy = true;
   opts.single_copy_min_bytes = 0;
   Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, opts, &plane);
   CHECK(s.ok(), "creating plane: %s", s.message().c_str());
@@ -664,13 +671,19 @@ int RunFailure(Bus* bus, int rank, int size, const char* how) {
 // --- Benchmark -------------------------------------------------------------
 
 int RunBench(Bus* bus, int rank, int size, const ShmOptions& opts,
-             const std::vector<int64_t>& sizes, const std::string& collective) {
+             const std::vector<int64_t>& sizes, const std::string& collective, bool compare) {
   FakeBootstrap boot(bus, rank, size);
-  std::unique_ptr<DataPlane> plane;
-  Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, opts, &plane);
-  if (!s.ok()) {
-    std::fprintf(stderr, "plane: %s\n", s.message().c_str());
-    return 1;
+  // With --compare, a second plane with single copy off runs every
+  // other iteration, so both see the same machine (it may be busy).
+  std::vector<std::unique_ptr<DataPlane>> planes(compare ? 2 : 1);
+  for (size_t v = 0; v < planes.size(); ++v) {
+    ShmOptions o = opts;
+    if (v == 1) o.single_copy = false;
+    Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, o, &planes[v]);
+    if (!s.ok()) {
+      std::fprintf(stderr, "plane: %s\n", s.message().c_str());
+      return 1;
+    }
   }
   for (int64_t bytes : sizes) {
     const int64_t n = bytes / 4;
@@ -680,7 +693,7 @@ int RunBench(Bus* bus, int rank, int size, const ShmOptions& opts,
     std::vector<float> out(n, 0.0f);
     const int64_t share = n / size * 4;
     const std::vector<int64_t> shares(size, share);
-    auto run = [&]() -> Status {
+    auto run = [&](DataPlane* plane) -> Status {
       if (collective == "broadcast") return plane->BroadcastOutOfPlace(buf.data(), out.data(), bytes, 0);
       if (collective == "broadcast-inplace") {  // the root copies first, as before the fused path
         if (rank == 0) std::memcpy(out.data(), buf.data(), bytes);
@@ -694,41 +707,46 @@ int RunBench(Bus* bus, int rank, int size, const ShmOptions& opts,
       return plane->Allreduce(buf.data(), out.data(), n, DataType::FLOAT32, ReduceOp::SUM);
     };
     const int iters = bytes <= (1 << 20) ? 200 : (bytes <= (16 << 20) ? 20 : 8);
-    std::vector<double> times, cpu;
+    std::vector<std::vector<double>> times(planes.size()), cpu(planes.size());
     for (int i = 0; i < iters + 2; ++i) {
-      boot.Barrier();
-      const double c0 = CpuNow(), t0 = Now();
-      // The last rank arrives late, as after a real negotiation.
-      if (g_skew_us > 0 && rank == size - 1) {
-        while (Now() - t0 < g_skew_us * 1e-6) {
+      for (size_t v = 0; v < planes.size(); ++v) {
+        boot.Barrier();
+        const double c0 = CpuNow(), t0 = Now();
+        // The last rank arrives late, as after a real negotiation.
+        if (g_skew_us > 0 && rank == size - 1) {
+          while (Now() - t0 < g_skew_us * 1e-6) {
+          }
+        }
+        Status s = run(planes[v].get());
+        const double t1 = Now(), c1 = CpuNow();
+        if (!s.ok()) {
+          std::fprintf(stderr, "%s: %s\n", collective.c_str(), s.message().c_str());
+          return 1;
+        }
+        if (i >= 2) {
+          times[v].push_back(t1 - t0);
+          cpu[v].push_back(c1 - c0);
         }
       }
-      s = run();
-      const double t1 = Now(), c1 = CpuNow();
-      if (!s.ok()) {
-        std::fprintf(stderr, "%s: %s\n", collective.c_str(), s.message().c_str());
-        return 1;
-      }
-      if (i >= 2) {
-        times.push_back(t1 - t0);
-        cpu.push_back(c1 - c0);
-      }
     }
-    std::sort(times.begin(), times.end());
-    std::sort(cpu.begin(), cpu.end());
-    const double med = times[times.size() / 2];
-    // nccl-tests' bus bandwidth factors (a memcpy counts as a broadcast).
-    const double factor = collective == "allreduce"   ? 2.0 * (size - 1) / size
-                          : collective == "allgather" ? 1.0 * (size - 1) / size
-                                                      : 1.0;
-    const double busbw = factor * bytes / med / 1e9;
-    // CPU time includes busy-polling, so it reads as "work + waiting" when
-    // ranks have a core each; on a loaded machine it is the better guide.
-    if (rank == 0)
-      std::printf("np=%d %s %9lld bytes: median %9.1f us (min %9.1f)  busbw %6.2f "
-                  "GB/s  rank-0 CPU %9.1f us\n",
-                  size, collective.c_str(), (long long)bytes, med * 1e6, times[0] * 1e6, busbw,
-                  cpu[cpu.size() / 2] * 1e6);
+    for (size_t v = 0; v < planes.size(); ++v) {
+      std::sort(times[v].begin(), times[v].end());
+      std::sort(cpu[v].begin(), cpu[v].end());
+      const double med = times[v][times[v].size() / 2];
+      // nccl-tests' bus bandwidth factors (a memcpy counts as a broadcast).
+      const double factor = collective == "allreduce"   ? 2.0 * (size - 1) / size
+                            : collective == "allgather" ? 1.0 * (size - 1) / size
+                                                        : 1.0;
+      const double busbw = factor * bytes / med / 1e9;
+      // CPU time includes busy-polling, so it reads as "work + waiting" when
+      // ranks have a core each; on a loaded machine it is the better guide.
+      const char* path = !compare ? "" : (v == 0 ? " [as configured]" : " [staged]");
+      if (rank == 0)
+        std::printf("np=%d %s%s %9lld bytes: median %9.1f us (min %9.1f)  busbw %6.2f "
+                    "GB/s  rank-0 CPU %9.1f us\n",
+                    size, collective.c_str(), path, (long long)bytes, med * 1e6, times[v][0] * 1e6,
+                    busbw, cpu[v][cpu[v].size() / 2] * 1e6);
+    }
   }
   return 0;
 }
@@ -810,6 +828,7 @@ int main(int argc, char** argv) {
   ShmOptions opts;
   std::vector<int64_t> bench_sizes;
   std::string collective = "allreduce";
+  bool compare = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? argv[++i] : "0"; };
@@ -823,7 +842,8 @@ int main(int argc, char** argv) {
     else if (a == "--spin") opts.spin_ns = std::atoll(next());
     else if (a == "--bytes") bench_sizes.push_back(std::atoll(next()));
     else if (a == "--collective") collective = next();
-    else if (a == "--no-single-copy") opts.single_copy = false;
+    else if (a == "--single-copy") opts.single_copy = true;
+    else if (a == "--compare") compare = true;
     else if (a == "--single-copy-min") opts.single_copy_min_bytes = std::atoll(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -839,7 +859,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (bench) {
-      failed += RunJob(size, timeout, [&](Bus* b, int r, int n) { return RunBench(b, r, n, opts, bench_sizes, collective); });
+      failed += RunJob(size, timeout, [&](Bus* b, int r, int n) { return RunBench(b, r, n, opts, bench_sizes, collective, compare); });
       continue;
     }
     std::printf("== np=%d: collectives\n", size);
