@@ -302,7 +302,7 @@ Status ShmDataPlane::SingleCopyBroadcast(const char* in, char* out, int64_t byte
   if (rank_ != root) {
     ok = ReadPeer(root, static_cast<uint64_t>(seg_->meta(root, t)), out, bytes);
   } else if (out != in) {
-    std::memcpy(out, in, bytes);
+    std::memmove(out, in, bytes);  // overlapping is against the contract, but stays defined
   }
   return FinishSingleCopy(ok, done);
 }
@@ -517,16 +517,15 @@ Status ShmDataPlane::BroadcastOutOfPlace(const void* input, void* output, int64_
     if (out != in && bytes > 0) std::memcpy(out, in, bytes);
     return Status::OK();
   }
-  if (single_copy() && bytes >= single_copy_min_bytes_ && bytes > 0 &&
-      (out == in || !Overlap(out, in, bytes))) {
-    // (Every rank has the same size, and an overlap only changes the root's
-    // choice in a call that breaks the contract anyway.)
+  // The choice depends only on what every rank shares (the size), never on
+  // a rank's own buffers, so all ranks take the same path.
+  if (single_copy() && bytes >= single_copy_min_bytes_ && bytes > 0) {
     bool done = false;
     TFRING_RETURN_IF_ERROR(SingleCopyBroadcast(in, out, bytes, root, &done));
     if (done) return Status::OK();
   }
   // Only the root writes, so in a broadcast step it may fill every rank's
-  // slot of the step's parity (see Step()): steps carry size x slot bytes.
+  // slot of the step's parity (see shm_segment.h): steps carry size x slot bytes.
   const int64_t step_bytes = size_ * seg_->slot_bytes();
   const int64_t steps = CeilDiv(bytes, step_bytes);
   for (int64_t k = 0; k < steps; ++k) {
