@@ -73,6 +73,13 @@ struct Config {
   // each round's scope, because the processes of a round have each started
   // a different number of times and no per-process counter agrees.
   std::string rendezvous_scope;
+  // Whether the shared-memory plane may let a rank read another's memory
+  // directly (process_vm_readv) for large broadcasts and allgathers
+  // (TFRING_SHM_SINGLE_COPY, off by default: see shm_data_plane.cc), and
+  // from how many bytes (TFRING_SHM_SINGLE_COPY_MIN_BYTES; negative: the
+  // plane chooses).
+  bool shm_single_copy = false;
+  int64_t shm_single_copy_min_bytes = -1;
 
   // The host name this rank uses for topology, given the job-wide rank.
   std::string HostnameFor(int rank, const std::string& real_host) const;

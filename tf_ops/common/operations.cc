@@ -251,13 +251,15 @@ void PerformBroadcast(ProcessSet& ps, const Response& r) {
   if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::BROADCAST);
   if (!s.ok()) return Complete(e, s);
   bool queued = false;
-  if (ps.rank == r.root_rank && e.output != e.input) {
+  const bool fused = plane->broadcasts_out_of_place();
+  if (!fused && ps.rank == r.root_rank && e.output != e.input) {
     s = executor->Copy(e.output, e.input, bytes);
     queued |= s.in_progress();
   }
   const auto start = Clock::now();
   if (s.ok() || s.in_progress()) {
-    s = plane->Broadcast(e.output, bytes, r.root_rank);
+    s = fused ? plane->BroadcastOutOfPlace(e.input, e.output, bytes, r.root_rank)
+              : plane->Broadcast(e.output, bytes, r.root_rank);
     queued |= s.in_progress();
   }
   Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::BROADCAST), start);

@@ -1,6 +1,7 @@
 """Runs the shared-memory rank suite (ranks/test_shm_collectives.py) with the
-shm plane forced for every message size, at np=2 and np=3, and once with the
-automatic choice; after each job /dev/shm must hold no segment of ours."""
+shm plane (and its single-copy path) forced for every message size, at np=2
+and np=3, and once with the automatic choice; after each job /dev/shm must
+hold no segment of ours."""
 import os
 import re
 
@@ -10,7 +11,11 @@ from support import run_rank_suite
 
 SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks",
                      "test_shm_collectives.py")
-FORCED = {"TFRING_CPU_OPERATIONS": "shm", "TFRING_SHM_MIN_BYTES": "0"}
+# Every broadcast and allgather of the forced runs also takes the (opt-in)
+# single-copy path, where the system lets ranks read each other's memory;
+# the staged path runs in every other suite, and in shm_test.cc.
+FORCED = {"TFRING_CPU_OPERATIONS": "shm", "TFRING_SHM_MIN_BYTES": "0",
+          "TFRING_SHM_SINGLE_COPY": "1", "TFRING_SHM_SINGLE_COPY_MIN_BYTES": "0"}
 # Segment names are /tfring-<pid of rank 0>-<counter>-<random>.
 SEGMENT = re.compile(r"^tfring-(\d+)-")
 

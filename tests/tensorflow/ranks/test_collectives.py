@@ -169,6 +169,29 @@ def test_broadcast_every_root_and_dtype(mode, rank, size):
         np.testing.assert_array_equal(out[f"bool/{root}"], rank_values(root).astype(bool))
 
 
+def test_large_broadcast_and_allgather(mode, rank, size):
+    # Many steps of the shared-memory plane (and past its opt-in single-copy
+    # threshold, 2 MB), odd sizes, values that differ by position and rank:
+    # a misplaced byte shows.
+    n = (3 << 20) // 4 + 5
+    rows = (rank + 1) * 300001
+
+    def build():
+        out = {f"bcast/{root}": hvd.broadcast(tf.range(n, dtype=tf.float32) + 1e6 * rank, root)
+               for root in range(size)}
+        out["gather"] = hvd.allgather(
+            tf.reshape(tf.range(rows * 2, dtype=tf.int32), [rows, 2]) + 10_000_000 * (rank + 1))
+        return out
+    out = run(mode, build)
+    for root in range(size):
+        np.testing.assert_array_equal(out[f"bcast/{root}"],
+                                      np.arange(n, dtype=np.float32) + 1e6 * root)
+    expected = np.concatenate([
+        np.arange((r + 1) * 300001 * 2, dtype=np.int32).reshape(-1, 2) + 10_000_000 * (r + 1)
+        for r in range(size)])
+    np.testing.assert_array_equal(out["gather"], expected)
+
+
 def test_alltoall_with_splits(mode, rank, size):
     # Rank r sends (r + j + 1) rows to rank j, each row holding 100 * r + j.
     splits = [rank + j + 1 for j in range(size)]

@@ -52,6 +52,22 @@ class DataPlane {
   // Rank r contributes recv_bytes[r] bytes; results are concatenated in rank order.
   virtual Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) = 0;
   virtual Status Broadcast(void* buffer, int64_t bytes, int root) = 0;
+  // Whether BroadcastOutOfPlace() is implemented. A plane that can fuse the
+  // root's copy of its input into the collective says so; for the others the
+  // caller copies the root's input to its output and broadcasts in place
+  // (at 64 MB that extra pass over memory cost as much as the broadcast).
+  virtual bool broadcasts_out_of_place() const { return false; }
+  // The root's `input` lands in `output` on every rank, the root's included.
+  // Only the root reads `input`; `output` may be `input` (in place),
+  // otherwise the two must not overlap.
+  virtual Status BroadcastOutOfPlace(const void* input, void* output, int64_t bytes, int root) {
+    (void)input;
+    (void)output;
+    (void)bytes;
+    (void)root;
+    return Status::InvalidArgument(std::string("tfring: the ") + name() +
+                                   " data plane broadcasts in place only");
+  }
   // send_bytes[r] bytes go to rank r; recv_bytes[r] bytes come from rank r.
   virtual Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                           const std::vector<int64_t>& recv_bytes) = 0;

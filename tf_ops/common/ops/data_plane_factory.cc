@@ -30,8 +30,11 @@ std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& co
   // Every rank of the set sees the same hosts, so all make the same choices
   // and take part in the same collective set-up calls.
   if (one_host && (ops == "auto" || ops == "shm")) {
+    ShmOptions options;
+    options.single_copy = config.shm_single_copy;
+    options.single_copy_min_bytes = config.shm_single_copy_min_bytes;
     Status s = CreateShmDataPlane(comm->rank(), comm->size(), fallback.get(), comm->monitor(),
-                                  &shm);
+                                  options, &shm);
     if (!s.ok()) {
       TFRING_LOG(WARNING) << "shared-memory data plane unavailable, using the "
                           << fallback->name() << " plane: " << s.message();

@@ -33,11 +33,25 @@ struct ShmOptions {
   // How long a waiting rank busy-polls before it yields and sleeps; by
   // default 100 us, or 2 us when the set's ranks share fewer CPUs than ranks.
   int64_t spin_ns = -1;
+  // Whether this rank lets broadcasts and allgathers read other ranks'
+  // memory directly (process_vm_readv) when the system permits it. The
+  // ranks agree at set-up: if any rank refuses or is refused, none does.
+  // Off by default: measured inside TensorFlow, the staged path was as fast
+  // or faster (see the single-copy note in shm_data_plane.cc).
+  bool single_copy = false;
+  // Broadcasts and allgathers (counting the whole output) of at least this
+  // many bytes take the single-copy path; negative: choose. Rank 0's value
+  // is used by every rank.
+  int64_t single_copy_min_bytes = -1;
 };
 
 Status CreateShmDataPlane(int rank, int size, DataPlane* bootstrap,
                           std::shared_ptr<PeerMonitor> monitor, const ShmOptions& options,
                           std::unique_ptr<DataPlane>* out);
+
+// Whether `plane` is a shared-memory plane whose ranks agreed at set-up to
+// read each other's memory directly (for tests and logs).
+bool ShmSingleCopy(const DataPlane& plane);
 
 }  // namespace tfring
 

@@ -20,7 +20,8 @@
 // step t + 2, and by then it has seen every peer publish t + 1, which each
 // peer does only after it finished reading step t. So two slots per rank give
 // double buffering: a rank fills its next slot while slower peers still read
-// the previous one.
+// the previous one. By the same argument, in a step where one rank alone
+// writes (a broadcast's root), it may fill every rank's slot of that parity.
 #ifndef TFRING_COMMON_OPS_SHM_SEGMENT_H
 #define TFRING_COMMON_OPS_SHM_SEGMENT_H
 

@@ -9,7 +9,11 @@
 //   shm_test [--np N] [--timeout S]           run the tests (default np 2 and 3)
 //   shm_test --bench --np N [--chunk B] [--small B] [--spin NS] [--bytes B]... [--pin]
 //                [--skew US]                  the last rank starts each collective late
-//                                             time float32 allreduce by size
+//                [--single-copy] [--single-copy-min B]
+//                [--compare]                  alternate with a staged-only plane
+//                [--collective C]             time C by size: allreduce (float32, the
+//                                             default), broadcast, broadcast-inplace,
+//                                             allgather, or memcpy (the floor)
 // Built and run by tests/common/test_shm_cpp.py (and by Bazel as //tf_ops:shm_test).
 #include <dirent.h>
 #include <sched.h>
@@ -244,6 +248,7 @@ struct PlaneUnderTest {
   const char* label;
   std::unique_ptr<DataPlane> plane;
   int64_t chunk;  // bytes per rank per step, as configured
+  int64_t single_copy_min = -1;  // where broadcast and allgather change paths (-1: never)
 };
 
 void CheckAllreduce(PlaneUnderTest& p, int rank, int size, int64_t n, DataType dt, ReduceOp op,
@@ -373,6 +378,14 @@ void TestAllgather(PlaneUnderTest& p, int rank, int size) {
   std::vector<int64_t> mixed;
   for (int j = 0; j < size; ++j) mixed.push_back(j * slot + 3);
   layouts.push_back(mixed);
+  // Whole outputs just below, at and just above the single-copy threshold,
+  // with odd shares (the last rank takes the remainder).
+  for (int64_t total : {p.single_copy_min - 1, p.single_copy_min, p.single_copy_min + 1}) {
+    if (total <= 0) continue;
+    std::vector<int64_t> around(size, total / size);
+    around[size - 1] += total % size;
+    layouts.push_back(around);
+  }
   int salt = 900;
   for (const auto& bytes : layouts) {
     ++salt;
@@ -405,18 +418,39 @@ void TestAllgather(PlaneUnderTest& p, int rank, int size) {
 
 void TestBroadcast(PlaneUnderTest& p, int rank, int size) {
   const int64_t slot = size * p.chunk;
+  const int64_t step = size * slot;  // what one staged broadcast step carries
+  std::vector<int64_t> sizes = {0, 1, slot - 1, slot, slot + 1, step - 1, step, step + 1,
+                                2 * step + 7};
+  for (int64_t edge : {p.single_copy_min - 1, p.single_copy_min, p.single_copy_min + 1}) {
+    if (edge > 0) sizes.push_back(edge);
+  }
   int salt = 1300;
   for (int root = 0; root < size; ++root) {
-    for (int64_t n : {int64_t{0}, int64_t{1}, slot - 1, slot, slot + 1, 3 * slot + 7}) {
+    for (int64_t n : sizes) {
       ++salt;
+      std::vector<char> want(std::max<int64_t>(n, 1));
+      FillBytes(want.data(), n, root, salt);
+      // In place: the root's buffer holds the data, the others' get it.
       std::vector<char> buf(std::max<int64_t>(n, 1), 0);
       if (rank == root) FillBytes(buf.data(), n, root, salt);
       Status s = p.plane->Broadcast(buf.data(), n, root);
-      std::vector<char> want(std::max<int64_t>(n, 1));
-      FillBytes(want.data(), n, root, salt);
       CHECK(s.ok() && FirstDifference(buf.data(), want.data(), n) < 0,
             "%s broadcast of %lld bytes from %d: %s", p.label, (long long)n, root,
             s.message().c_str());
+      // Out of place, as the TF op calls it: every output starts as garbage,
+      // the root's input must come back untouched, and the others' inputs
+      // (their own tensors) are not read.
+      std::vector<char> in(std::max<int64_t>(n, 1), 0x3c);
+      if (rank == root) FillBytes(in.data(), n, root, salt);
+      std::vector<char> out(std::max<int64_t>(n, 1), static_cast<char>(0xA5));
+      s = p.plane->BroadcastOutOfPlace(in.data(), out.data(), n, root);
+      CHECK(s.ok() && FirstDifference(out.data(), want.data(), n) < 0,
+            "%s out-of-place broadcast of %lld bytes from %d: %s", p.label, (long long)n, root,
+            s.message().c_str());
+      if (rank == root) {
+        CHECK(FirstDifference(in.data(), want.data(), n) < 0,
+              "%s out-of-place broadcast changed the root's input", p.label);
+      }
     }
   }
   char x = 0;
@@ -517,18 +551,49 @@ int RunCorrectness(Bus* bus, int rank, int size) {
   std::vector<PlaneUnderTest> planes;
   // Default tuning, then tiny chunks (many steps, cheap) with and without the
   // one-step small-message path.
-  struct Variant { const char* label; int64_t chunk; int64_t small; } variants[] = {
-      {"default", 0, -1}, {"4k-chunks", 4096, 0}, {"4k-chunks+small", 4096, 4096}};
+  // Broadcast and allgather go through the segment by default (single copy
+  // is opt-in), in "4k-chunks" (refused by every rank) and in
+  // "refused-by-last" (refused by one rank only: the others must follow it).
+  // Where the system lets ranks read each other's memory (as root, or with
+  // ptrace permission between them) they read the source rank's memory
+  // directly from the default threshold on in "single-copy" (sizes around
+  // it), and from any size in "single-copy-always".
+  enum Copy { kDefault, kAllowed, kRefused, kRefusedByLast };
+  struct Variant {
+    const char* label;
+    int64_t chunk;
+    int64_t small;
+    Copy copy;
+    int64_t single_copy_min;
+  } variants[] = {{"default", 0, -1, kDefault, -1},
+                  {"4k-chunks", 4096, 0, kRefused, 0},
+                  {"4k-chunks+small", 4096, 4096, kDefault, -1},
+                  {"single-copy", 0, -1, kAllowed, -1},
+                  {"refused-by-last", 4096, 0, kRefusedByLast, 0},
+                  {"single-copy-always", 4096, 0, kAllowed, 0}};
   for (const auto& v : variants) {
     ShmOptions opts;
     opts.chunk_bytes = v.chunk;
     opts.small_allreduce_bytes = v.small;
+    if (v.copy != kDefault) {
+      opts.single_copy = v.copy == kAllowed || (v.copy == kRefusedByLast && rank != size - 1);
+    }
+    opts.single_copy_min_bytes = v.single_copy_min;
     PlaneUnderTest p{v.label, nullptr, 0};
     Status s = MakePlane(boot, monitor, rank, size, opts, &p.plane);
     CHECK(s.ok(), "creating plane %s: %s", v.label, s.message().c_str());
     if (!s.ok()) return 1;
     // The chunk the plane picked: 512 KiB per slot by default (see shm_data_plane.cc).
     p.chunk = v.chunk > 0 ? v.chunk : ((512 * 1024 / size) + 4095) / 4096 * 4096;
+    // Every rank must have made the same choice, and a refusal anywhere wins.
+    const bool single = ShmSingleCopy(*p.plane);
+    const std::vector<uint64_t> all = boot.Gather(single ? 1 : 0);
+    for (int j = 0; j < size; ++j)
+      CHECK(all[j] == all[0], "%s: ranks disagree on the single-copy path", v.label);
+    CHECK(v.copy == kAllowed || !single, "%s: single copy on although off or refused", v.label);
+    if (single) p.single_copy_min = v.single_copy_min >= 0 ? v.single_copy_min : 2 << 20;
+    if (rank == 0)
+      std::printf("[rank 0] plane %s: single copy %s\n", v.label, single ? "on" : "off");
     planes.push_back(std::move(p));
   }
   // The name is unlinked once everyone has mapped it (rank 0 does it before
@@ -538,9 +603,16 @@ int RunCorrectness(Bus* bus, int rank, int size) {
 
   for (auto& p : planes) {
     const bool every_size = std::strcmp(p.label, "default") != 0;
-    TestAllreduce(p, rank, size, every_size);
-    TestAllreduceAgrees(p, boot, rank, size);
+    if (&p < &planes[3]) {
+      TestAllreduce(p, rank, size, every_size);
+      TestAllreduceAgrees(p, boot, rank, size);
+    }
     if (&p == &planes[2]) continue;  // differs from planes[1] in allreduce only
+    if (&p >= &planes[3]) {  // differ in broadcast and allgather only
+      TestAllgather(p, rank, size);
+      TestBroadcast(p, rank, size);
+      continue;
+    }
     TestReducescatter(p, rank, size);
     TestAllgather(p, rank, size);
     TestBroadcast(p, rank, size);
@@ -561,23 +633,31 @@ int RunCorrectness(Bus* bus, int rank, int size) {
 int RunFailure(Bus* bus, int rank, int size, const char* how) {
   FakeBootstrap boot(bus, rank, size);
   std::unique_ptr<DataPlane> plane;
-  Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, ShmOptions(), &plane);
+  // "kill-broadcast": the survivors are in a broadcast, on the single-copy
+  // path where the system allows it.
+  const bool broadcast = std::strcmp(how, "kill-broadcast") == 0;
+  ShmOptions opts;
+  opts.single_copy = true;
+  opts.single_copy_min_bytes = 0;
+  Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, opts, &plane);
   CHECK(s.ok(), "creating plane: %s", s.message().c_str());
   if (!s.ok()) return 1;
-  std::vector<float> buf(1 << 20, 1.0f);
+  std::vector<float> buf(1 << 20, 1.0f), out(1 << 20);
   CHECK(plane->Allreduce(buf.data(), buf.size(), DataType::FLOAT32, ReduceOp::SUM).ok(), "first");
+  CHECK(plane->BroadcastOutOfPlace(buf.data(), out.data(), buf.size() * 4, 0).ok(), "broadcast");
   const int victim = size - 1;
   if (rank == victim) {
-    if (std::strcmp(how, "kill") == 0) kill(getpid(), SIGKILL);
+    if (std::strncmp(how, "kill", 4) == 0) kill(getpid(), SIGKILL);
     if (std::strcmp(how, "exit") == 0) _exit(0);
     plane.reset();  // "leave": this rank shuts its plane down and lives on
     std::this_thread::sleep_for(std::chrono::seconds(2));
     return 0;
   }
   const double start = Now();
-  s = plane->Allreduce(buf.data(), buf.size(), DataType::FLOAT32, ReduceOp::SUM);
+  s = broadcast ? plane->BroadcastOutOfPlace(buf.data(), out.data(), buf.size() * 4, 0)
+                : plane->Allreduce(buf.data(), buf.size(), DataType::FLOAT32, ReduceOp::SUM);
   const double took = Now() - start;
-  CHECK(s.code() == StatusCode::ABORTED, "%s: allreduce must be aborted, got '%s'", how,
+  CHECK(s.code() == StatusCode::ABORTED, "%s: the collective must be aborted, got '%s'", how,
         s.message().c_str());
   CHECK(s.message().find("rank") != std::string::npos, "error should name a rank: %s",
         s.message().c_str());
@@ -591,49 +671,82 @@ int RunFailure(Bus* bus, int rank, int size, const char* how) {
 // --- Benchmark -------------------------------------------------------------
 
 int RunBench(Bus* bus, int rank, int size, const ShmOptions& opts,
-             const std::vector<int64_t>& sizes) {
+             const std::vector<int64_t>& sizes, const std::string& collective, bool compare) {
   FakeBootstrap boot(bus, rank, size);
-  std::unique_ptr<DataPlane> plane;
-  Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, opts, &plane);
-  if (!s.ok()) {
-    std::fprintf(stderr, "plane: %s\n", s.message().c_str());
-    return 1;
+  // With --compare, a second plane with single copy off runs every
+  // other iteration, so both see the same machine (it may be busy).
+  std::vector<std::unique_ptr<DataPlane>> planes(compare ? 2 : 1);
+  for (size_t v = 0; v < planes.size(); ++v) {
+    ShmOptions o = opts;
+    if (v == 1) o.single_copy = false;
+    Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, o, &planes[v]);
+    if (!s.ok()) {
+      std::fprintf(stderr, "plane: %s\n", s.message().c_str());
+      return 1;
+    }
   }
   for (int64_t bytes : sizes) {
     const int64_t n = bytes / 4;
     std::vector<float> buf(n, 1.0f);
+    // Out of place, as the TF ops call them: a separate (warm) output. Sizes
+    // follow nccl-tests: an allgather's `bytes` is its whole output.
+    std::vector<float> out(n, 0.0f);
+    const int64_t share = n / size * 4;
+    const std::vector<int64_t> shares(size, share);
+    auto run = [&](DataPlane* plane) -> Status {
+      if (collective == "broadcast") return plane->BroadcastOutOfPlace(buf.data(), out.data(), bytes, 0);
+      if (collective == "broadcast-inplace") {  // the root copies first, as before the fused path
+        if (rank == 0) std::memcpy(out.data(), buf.data(), bytes);
+        return plane->Broadcast(out.data(), bytes, 0);
+      }
+      if (collective == "allgather") return plane->Allgather(buf.data(), out.data(), shares);
+      if (collective == "memcpy") {  // the floor: one copy of the message by every rank
+        std::memcpy(out.data(), buf.data(), bytes);
+        return Status::OK();
+      }
+      return plane->Allreduce(buf.data(), out.data(), n, DataType::FLOAT32, ReduceOp::SUM);
+    };
     const int iters = bytes <= (1 << 20) ? 200 : (bytes <= (16 << 20) ? 20 : 8);
-    std::vector<double> times, cpu;
+    std::vector<std::vector<double>> times(planes.size()), cpu(planes.size());
     for (int i = 0; i < iters + 2; ++i) {
-      boot.Barrier();
-      const double c0 = CpuNow(), t0 = Now();
-      // The last rank arrives late, as after a real negotiation.
-      if (g_skew_us > 0 && rank == size - 1) {
-        while (Now() - t0 < g_skew_us * 1e-6) {
+      for (size_t v = 0; v < planes.size(); ++v) {
+        boot.Barrier();
+        const double c0 = CpuNow(), t0 = Now();
+        // The last rank arrives late, as after a real negotiation.
+        if (g_skew_us > 0 && rank == size - 1) {
+          while (Now() - t0 < g_skew_us * 1e-6) {
+          }
+        }
+        Status s = run(planes[v].get());
+        const double t1 = Now(), c1 = CpuNow();
+        if (!s.ok()) {
+          std::fprintf(stderr, "%s: %s\n", collective.c_str(), s.message().c_str());
+          return 1;
+        }
+        if (i >= 2) {
+          times[v].push_back(t1 - t0);
+          cpu[v].push_back(c1 - c0);
         }
       }
-      s = plane->Allreduce(buf.data(), n, DataType::FLOAT32, ReduceOp::SUM);
-      const double t1 = Now(), c1 = CpuNow();
-      if (!s.ok()) {
-        std::fprintf(stderr, "allreduce: %s\n", s.message().c_str());
-        return 1;
-      }
-      if (i >= 2) {
-        times.push_back(t1 - t0);
-        cpu.push_back(c1 - c0);
-      }
     }
-    std::sort(times.begin(), times.end());
-    std::sort(cpu.begin(), cpu.end());
-    const double med = times[times.size() / 2];
-    const double busbw = 2.0 * (size - 1) / size * bytes / med / 1e9;
-    // CPU time includes busy-polling, so it reads as "work + waiting" when
-    // ranks have a core each; on a loaded machine it is the better guide.
-    if (rank == 0)
-      std::printf("np=%d float32 allreduce %8lld bytes: median %9.1f us (min %9.1f)  busbw %6.2f "
-                  "GB/s  rank-0 CPU %9.1f us\n",
-                  size, (long long)bytes, med * 1e6, times[0] * 1e6, busbw,
-                  cpu[cpu.size() / 2] * 1e6);
+    for (size_t v = 0; v < planes.size(); ++v) {
+      std::sort(times[v].begin(), times[v].end());
+      std::sort(cpu[v].begin(), cpu[v].end());
+      const double med = times[v][times[v].size() / 2];
+      // nccl-tests' bus bandwidth factors (a memcpy counts as a broadcast).
+      const double factor = collective == "allreduce"   ? 2.0 * (size - 1) / size
+                            : collective == "allgather" ? 1.0 * (size - 1) / size
+                                                        : 1.0;
+      const double busbw = factor * bytes / med / 1e9;
+      // CPU time includes busy-polling, so it reads as "work + waiting" when
+      // ranks have a core each; on a loaded machine it is the better guide.
+      const char* path = !compare ? "" : (v == 0 ? " [as configured]" : " [staged]");
+      if (rank == 0)
+        std::printf("np=%d %s%s %9lld bytes: median %9.1f us (min %9.1f)  busbw %6.2f "
+                    "GB/s  rank-0 CPU %9.1f us\n",
+                    size, collective.c_str(), path, (long long)bytes, med * 1e6, times[v][0] * 1e6,
+                    busbw, cpu[v][cpu[v].size() / 2] * 1e6);
+    }
   }
   return 0;
 }
@@ -714,6 +827,8 @@ int main(int argc, char** argv) {
   bool bench = false;
   ShmOptions opts;
   std::vector<int64_t> bench_sizes;
+  std::string collective = "allreduce";
+  bool compare = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? argv[++i] : "0"; };
@@ -726,6 +841,10 @@ int main(int argc, char** argv) {
     else if (a == "--small") opts.small_allreduce_bytes = std::atoll(next());
     else if (a == "--spin") opts.spin_ns = std::atoll(next());
     else if (a == "--bytes") bench_sizes.push_back(std::atoll(next()));
+    else if (a == "--collective") collective = next();
+    else if (a == "--single-copy") opts.single_copy = true;
+    else if (a == "--compare") compare = true;
+    else if (a == "--single-copy-min") opts.single_copy_min_bytes = std::atoll(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -740,12 +859,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (bench) {
-      failed += RunJob(size, timeout, [&](Bus* b, int r, int n) { return RunBench(b, r, n, opts, bench_sizes); });
+      failed += RunJob(size, timeout, [&](Bus* b, int r, int n) { return RunBench(b, r, n, opts, bench_sizes, collective, compare); });
       continue;
     }
     std::printf("== np=%d: collectives\n", size);
     failed += RunJob(size, timeout, RunCorrectness);
-    for (const char* how : {"kill", "exit", "leave"}) {
+    for (const char* how : {"kill", "exit", "leave", "kill-broadcast"}) {
       std::printf("== np=%d: a rank %ss mid-job\n", size, how);
       failed += RunJob(size, 60, [how](Bus* b, int r, int n) { return RunFailure(b, r, n, how); },
                        true);

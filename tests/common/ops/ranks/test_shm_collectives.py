@@ -2,8 +2,10 @@
 
 Launched by tests/common/ops/test_shm_data_plane.py with
 TFRING_CPU_OPERATIONS=shm and TFRING_SHM_MIN_BYTES=0, so every allreduce,
-allgather, broadcast and reducescatter of one host runs on that plane. Sizes
-sit around the plane's cut-overs: the one-step allreduce limit (64 KiB), one
+allgather, broadcast and reducescatter of one host runs on that plane, and
+TFRING_SHM_SINGLE_COPY=1 and TFRING_SHM_SINGLE_COPY_MIN_BYTES=0, so every
+broadcast and allgather reads the source rank's memory directly where the
+system allows it. Sizes sit around the plane's cut-overs: the one-step allreduce limit (64 KiB), one
 rank's chunk per step and one block (ranks x chunk), plus odd and empty ones.
 """
 import numpy as np
