@@ -269,6 +269,9 @@ def cpp_ring(nps, rounds, reps, timeout, core=CORE):
         for np_ in nps:
             names = [f"h{i}" for i in range(np_)]
             with netns_support.FakeHosts(names) as hosts:
+                # The physical baselines in the same window: one raw stream,
+                # and a raw stream each way at once (what a ring rank does).
+                raw = [raw_stream_bandwidth(hosts, names[0], names[1])[:2]]
                 for _ in range(rounds):
                     with tempfile.TemporaryDirectory() as d:
                         procs = [subprocess.Popen(
@@ -291,6 +294,17 @@ def cpp_ring(nps, rounds, reps, timeout, core=CORE):
                           f"{row['busbw_gbs']:.2f} GB/s, CPU per allreduce per rank "
                           f"{row['cpu_ms_per_op']:.1f} ms (load {row['load']:.1f})", flush=True)
                     out.append(row)
+                raw.append(raw_stream_bandwidth(hosts, names[0], names[1])[:2])
+                one, both = max(r[0] for r in raw), max(r[1] for r in raw)
+                print(f"{np_:>2} raw TCP between two fake hosts (higher of before/after): one "
+                      f"stream {one / 1e9:.2f} GB/s, each way at once {both / 1e9:.2f} GB/s; "
+                      f"best ring busbw = {max(r['busbw_gbs'] for r in out if r['np'] == np_) * 1e9 / one:.0%} "
+                      f"of one stream, "
+                      f"{max(r['busbw_gbs'] for r in out if r['np'] == np_) * 1e9 / both:.0%} of each way at once",
+                      flush=True)
+                for r in out:
+                    if r["np"] == np_:
+                        r["raw_stream"], r["raw_each_way_both"] = one, both
     return out
 
 

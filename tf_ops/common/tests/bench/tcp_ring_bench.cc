@@ -146,7 +146,12 @@ int main(int argc, char** argv) {
     return s.ok() ? 0 : Fail(s.message());
   }
   std::unique_ptr<DataPlane> plane;
-  s = ring_internal::CreateRingDataPlane(world, true, ring_internal::RingOptions(), &plane);
+  // TFRING_BENCH_SEGMENT / TFRING_BENCH_WINDOW: the ring's piece size and
+  // receive window, for sweeps (0 or unset: the plane's defaults).
+  ring_internal::RingOptions ring_options;
+  if (const char* v = std::getenv("TFRING_BENCH_SEGMENT")) ring_options.segment_bytes = std::atoll(v);
+  if (const char* v = std::getenv("TFRING_BENCH_WINDOW")) ring_options.window = std::atoi(v);
+  s = ring_internal::CreateRingDataPlane(world, true, ring_options, &plane);
   if (!s.ok()) return Fail(s.message());
   std::vector<float> buf(static_cast<size_t>(bytes / 4));
   std::vector<double> times;
