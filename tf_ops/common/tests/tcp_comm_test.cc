@@ -485,11 +485,19 @@ void WaitPolicyOnThisThread() {
   CHECK(ScriptedWait(comm, 0, true) >= 8);
   for (int i = 0; i < 4; ++i) CHECK(ScriptedWait(comm, 0, true) == 2);
   CHECK(ScriptedWait(comm, 3, true) == 0);
-  // An idle wait (not spin, not urgent) never spins and leaves the state
-  // alone; an urgent one spins like a data wait.
+  // An idle wait (not spin, not urgent) never spins; an urgent one spins
+  // like a data wait.
   CHECK(ScriptedWait(comm, 0, false) == 2);
   SetUrgentWaits(true);
   CHECK(ScriptedWait(comm, 5, false) == 0);
+  // Data waits that spin in vain do not stop the negotiation's (urgent)
+  // waits from spinning, nor the other way round.
+  CHECK(ScriptedWait(comm, 0, true) >= 8);
+  CHECK(ScriptedWait(comm, 0, true) == 2);
+  CHECK(ScriptedWait(comm, 5, false) == 0);
+  CHECK(ScriptedWait(comm, 0, false) >= 8);
+  CHECK(ScriptedWait(comm, 0, false) == 2);
+  CHECK(ScriptedWait(comm, 0, true) == 2);  // still backing off from before
   SetUrgentWaits(false);
   // A transport that cannot block (MPI) keeps polling until done.
   ScriptedComm polling(false);

@@ -28,15 +28,19 @@ constexpr auto kSpinBeforeBlock = std::chrono::microseconds(100);
 // spins only while recent spins paid off: one that spun in vain turns
 // spinning off for the next kSpinBackoffMin waits, doubling up to
 // kSpinBackoffMax after each further failure, and a spin that catches its
-// reply resets the back-off. The state is per thread: waits come from the
-// core's background thread (and tests' threads), each with its own peers.
+// reply resets the back-off. The state is per thread (waits come from the
+// core's background thread, and tests' threads, each with its own peers)
+// and per kind of wait: data waits (a ring's pieces, which over TCP across
+// hosts arrive a millisecond apart and rarely within a spin) must not turn
+// off the spin of the negotiation's waits, which are answered within
+// microseconds while the ranks run in step.
 constexpr int kSpinBackoffMin = 4;
 constexpr int kSpinBackoffMax = 1024;
 struct SpinState {
   int skip = 0;                     // waits left that do not spin
   int backoff = kSpinBackoffMin;    // the next failure's `skip`
 };
-thread_local SpinState t_spin;
+thread_local SpinState t_spin_state[2];  // [spin]: negotiation, data
 
 // Tags of the point-to-point collectives below.
 constexpr int kGatherLenTag = kCollectiveTagBase + 2;
@@ -58,6 +62,7 @@ Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
   const auto cap = urgent ? std::chrono::microseconds(100) : std::chrono::microseconds(1000);
   const int eager_polls = urgent ? 2000 : 200;
   const bool matters = spin || urgent;
+  SpinState& t_spin = t_spin_state[spin ? 1 : 0];
   // A wait that matters spins a little before it blocks (see
   // kSpinBeforeBlock), unless recent spins were in vain; an idle one polls
   // once and blocks. Decided at the second poll: a request done at the first
