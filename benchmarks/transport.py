@@ -3,6 +3,7 @@
     python benchmarks/transport.py [--np 2,3] [--json out.json] [--skip-cross-host]
                                    [--skip-same-host] [--sizes "4 KB,1 MB,64 MB"]
     python benchmarks/transport.py --cpp-ring ROUNDS [--np 2,3]   (the transport alone)
+    python benchmarks/transport.py --cpp-negotiate ROUNDS [--np 2,3] [--core DIR]
 
 Rows, each measured for both controllers (tfringrun --mpi and --tcp)
 launched one after the other in the same run:
@@ -197,7 +198,62 @@ CPP_RING_SOURCES = ["tests/bench/tcp_ring_bench.cc", "ops/ring_data_plane.cc",
                     "transport/tcp/rendezvous_client.cc"]
 
 
-def cpp_ring(nps, rounds, reps, timeout):
+def build_cpp(tmp, core=CORE):
+    """Builds tcp_ring_bench (this tree's driver) against the core sources in
+    `core` (another tree's tf_ops/common, to compare with old code in the
+    same run)."""
+    binary = os.path.join(tmp, "tcp_ring_bench")
+    cxx = os.environ.get("CXX", "g++").split()
+    sources = [os.path.join(CORE, CPP_RING_SOURCES[0])]
+    sources += [os.path.join(core, f) for f in CPP_RING_SOURCES[1:]]
+    subprocess.run([*cxx, "-std=c++17", "-O2", "-pthread", "-I", core, "-o", binary, *sources],
+                   check=True, timeout=900)
+    return binary
+
+
+def cpp_negotiate(nps, rounds, reps, timeout, core=CORE, payload=256):
+    """The TCP controller's negotiation rounds on one host (loopback), no
+    TensorFlow: tcp_ring_bench's "negotiate" mode. Per np and round, the
+    slowest rank's median and p90 of a cache-hit round (the bit allreduce)
+    and of a cache-miss round (bits, gather, broadcast), in microseconds."""
+    from tfring.runner import wire
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = build_cpp(tmp, core)
+        env = dict(os.environ, TFRING_SECRET=wire.encode_secret(wire.generate_secret()))
+        for np_ in nps:
+            for _ in range(rounds):
+                with tempfile.TemporaryDirectory() as d:
+                    procs = [subprocess.Popen([binary, str(r), str(np_), d, "127.0.0.1",
+                                               str(payload), str(reps), "negotiate"],
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True, env=env) for r in range(np_)]
+                    try:
+                        lines = [p.communicate(timeout=timeout)[0] for p in procs]
+                    finally:
+                        for p in procs:
+                            if p.poll() is None:
+                                p.kill()
+                                p.wait()
+                ranks = [dict(zip(line.split()[2::2], map(float, line.split()[3::2])))
+                         for text in lines for line in text.splitlines()
+                         if line.startswith("NEGOTIATE ")]
+                if len(ranks) != np_:
+                    sys.exit("tcp_ring_bench negotiate failed:\n" + "".join(lines))
+                row = {"np": np_, "load": os.getloadavg()[0], "core": core}
+                for k in ("bits_median_us", "bits_p90_us", "miss_median_us", "miss_p90_us"):
+                    row[k] = max(r[k] for r in ranks)
+                row["cpu_us_per_round"] = sum(r["cpu_us_per_round"] for r in ranks) / np_
+                print(f"{np_:>2} negotiation over TCP (C++, {core}): cache hit median "
+                      f"{row['bits_median_us']:.1f} us (p90 {row['bits_p90_us']:.1f}), miss "
+                      f"{row['miss_median_us']:.1f} us (p90 {row['miss_p90_us']:.1f}), CPU "
+                      f"{row['cpu_us_per_round']:.1f} us per round pair per rank "
+                      f"(load {row['load']:.1f})", flush=True)
+                out.append(row)
+    return out
+
+
+def cpp_ring(nps, rounds, reps, timeout, core=CORE):
     """The ring plane over the TCP communicator alone (no TensorFlow, no
     negotiation: tf_ops/common/tests/bench/tcp_ring_bench.cc, built with -O2), one
     rank per fake host, 64 MB float32 allreduce: the slowest rank's median
@@ -208,15 +264,14 @@ def cpp_ring(nps, rounds, reps, timeout):
         sys.exit("--cpp-ring needs fake hosts (root and ip netns)")
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        binary = os.path.join(tmp, "tcp_ring_bench")
-        cxx = os.environ.get("CXX", "g++").split()
-        subprocess.run([*cxx, "-std=c++17", "-O2", "-pthread", "-o", binary,
-                        *[os.path.join(CORE, f) for f in CPP_RING_SOURCES]],
-                       check=True, timeout=900)
+        binary = build_cpp(tmp, core)
         env = dict(os.environ, TFRING_SECRET=wire.encode_secret(wire.generate_secret()))
         for np_ in nps:
             names = [f"h{i}" for i in range(np_)]
             with netns_support.FakeHosts(names) as hosts:
+                # The physical baselines in the same window: one raw stream,
+                # and a raw stream each way at once (what a ring rank does).
+                raw = [raw_stream_bandwidth(hosts, names[0], names[1])[:2]]
                 for _ in range(rounds):
                     with tempfile.TemporaryDirectory() as d:
                         procs = [subprocess.Popen(
@@ -239,6 +294,17 @@ def cpp_ring(nps, rounds, reps, timeout):
                           f"{row['busbw_gbs']:.2f} GB/s, CPU per allreduce per rank "
                           f"{row['cpu_ms_per_op']:.1f} ms (load {row['load']:.1f})", flush=True)
                     out.append(row)
+                raw.append(raw_stream_bandwidth(hosts, names[0], names[1])[:2])
+                one, both = max(r[0] for r in raw), max(r[1] for r in raw)
+                print(f"{np_:>2} raw TCP between two fake hosts (higher of before/after): one "
+                      f"stream {one / 1e9:.2f} GB/s, each way at once {both / 1e9:.2f} GB/s; "
+                      f"best ring busbw = {max(r['busbw_gbs'] for r in out if r['np'] == np_) * 1e9 / one:.0%} "
+                      f"of one stream, "
+                      f"{max(r['busbw_gbs'] for r in out if r['np'] == np_) * 1e9 / both:.0%} of each way at once",
+                      flush=True)
+                for r in out:
+                    if r["np"] == np_:
+                        r["raw_stream"], r["raw_each_way_both"] = one, both
     return out
 
 
@@ -251,6 +317,11 @@ def main():
     p.add_argument("--skip-same-host", action="store_true")
     p.add_argument("--cpp-ring", type=int, metavar="ROUNDS", default=0,
                    help="only run the C++ ring-over-TCP driver across fake hosts, ROUNDS times")
+    p.add_argument("--cpp-negotiate", type=int, metavar="ROUNDS", default=0,
+                   help="only time the TCP negotiation rounds (C++, one host), ROUNDS times")
+    p.add_argument("--core", default=CORE,
+                   help="with --cpp-ring/--cpp-negotiate: build the core from this "
+                        "tf_ops/common (e.g. another tree's) to compare in one run")
     p.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--sizes", default=",".join(SIZES),
@@ -266,8 +337,17 @@ def main():
 
     machine = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "when": bc.now_iso(),
                "host": socket.gethostname()}
+    if args.cpp_negotiate:
+        rows = cpp_negotiate([int(n) for n in args.np.split(",")], args.cpp_negotiate, 2000,
+                             args.timeout, core=os.path.abspath(args.core))
+        machine["load_after"] = os.getloadavg()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": machine, "cpp_negotiate": rows}, f, indent=1)
+        return
     if args.cpp_ring:
-        rows = cpp_ring([int(n) for n in args.np.split(",")], args.cpp_ring, 15, args.timeout)
+        rows = cpp_ring([int(n) for n in args.np.split(",")], args.cpp_ring, 15, args.timeout,
+                        core=os.path.abspath(args.core))
         machine["load_after"] = os.getloadavg()
         if args.json:
             with open(args.json, "w") as f:

@@ -13,10 +13,34 @@ namespace tfring {
 namespace {
 std::atomic<bool> g_urgent_waits{false};
 
-// Polls (each a Test) before a wait blocks on a transport that can block.
-// Long enough to catch a reply already on its way (tens of microseconds),
-// short enough not to hold a core that a rank on it is waiting for.
-constexpr int kPollsBeforeBlock = 50;
+// How long a wait that matters spins before it blocks on a transport that
+// can block. Waking from poll() costs ~30 us per hop on the development VM
+// (a 40-byte TCP ping-pong over loopback: 10 us round trip spinning, 72 us
+// blocking), which is most of a negotiation round; a reply that comes
+// within this is taken without that cost. Longer would cost a spinning
+// rank's CPU for no gain: a reply that is later than this is usually late
+// by much more (a peer still computing, or waiting for the core we spin on).
+constexpr auto kSpinBeforeBlock = std::chrono::microseconds(100);
+// Spinning is a bet that the peer answers within kSpinBeforeBlock, which
+// holds while every rank has a core to itself and fails when ranks
+// outnumber cores (the spinner then takes the core of the rank it waits
+// for: at np=3 on 2 cores a negotiation round got 2-4x slower). So a wait
+// spins only while recent spins paid off: one that spun in vain turns
+// spinning off for the next kSpinBackoffMin waits, doubling up to
+// kSpinBackoffMax after each further failure, and a spin that catches its
+// reply resets the back-off. The state is per thread (waits come from the
+// core's background thread, and tests' threads, each with its own peers)
+// and per kind of wait: data waits (a ring's pieces, which over TCP across
+// hosts arrive a millisecond apart and rarely within a spin) must not turn
+// off the spin of the negotiation's waits, which are answered within
+// microseconds while the ranks run in step.
+constexpr int kSpinBackoffMin = 4;
+constexpr int kSpinBackoffMax = 1024;
+struct SpinState {
+  int skip = 0;                     // waits left that do not spin
+  int backoff = kSpinBackoffMin;    // the next failure's `skip`
+};
+thread_local SpinState t_spin_state[2];  // [spin]: negotiation, data
 
 // Tags of the point-to-point collectives below.
 constexpr int kGatherLenTag = kCollectiveTagBase + 2;
@@ -37,13 +61,19 @@ Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
   const bool urgent = UrgentWaits();
   const auto cap = urgent ? std::chrono::microseconds(100) : std::chrono::microseconds(1000);
   const int eager_polls = urgent ? 2000 : 200;
-  // Before blocking, a wait that matters polls a little: a message that
-  // arrives within a few microseconds is taken without a sleep and a wake-up.
-  const int polls_before_block = spin || urgent ? kPollsBeforeBlock : 1;
+  const bool matters = spin || urgent;
+  SpinState& t_spin = t_spin_state[spin ? 1 : 0];
+  // A wait that matters spins a little before it blocks (see
+  // kSpinBeforeBlock), unless recent spins were in vain; an idle one polls
+  // once and blocks. Decided at the second poll: a request done at the first
+  // (a send the kernel took at once) says nothing about the peer.
+  bool spin_first = false;
+  std::chrono::steady_clock::time_point start;
   // Bounds a blocked wait, so the peer monitor is consulted and a peer that
   // went silent is noticed even when no byte arrives.
-  const int block_ms = spin || urgent ? 5 : 20;
+  const int block_ms = matters ? 5 : 20;
   bool can_block = true;
+  bool blocked = false;
   for (int polls = 0;; ++polls) {
     Status s = Test(req, &done);
     if (!s.ok()) {
@@ -51,13 +81,38 @@ Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
       if (s.code() != StatusCode::ABORTED || what == nullptr || what[0] == '\0') return s;
       return Status::Aborted(s.message() + " (while waiting for " + what + ")");
     }
-    if (done) return Status::OK();
-    const bool blocking = can_block && polls >= polls_before_block;
+    if (done) {
+      if (spin_first && can_block) {
+        if (!blocked) {
+          t_spin.backoff = kSpinBackoffMin;  // the spin paid off
+        } else {
+          t_spin.skip = t_spin.backoff;
+          t_spin.backoff = std::min(kSpinBackoffMax, 2 * t_spin.backoff);
+        }
+      }
+      return Status::OK();
+    }
+    if (polls == 0 && matters) {
+      spin_first = t_spin.skip == 0;
+      if (!spin_first) --t_spin.skip;
+      start = std::chrono::steady_clock::now();
+    }
+    bool blocking = false;
+    if (can_block) {
+      if (!spin_first || blocked) {
+        blocking = polls >= 1;
+      } else if ((polls & 7) == 7) {
+        // The clock is read every few polls only: a Test is a system call
+        // (~1 us), the clock is cheaper but not free.
+        blocking = std::chrono::steady_clock::now() - start >= kSpinBeforeBlock;
+      }
+    }
     if (monitor_ && (blocking || (polls & 63) == 63)) {
       TFRING_RETURN_IF_ERROR(monitor_->Check());
     }
     if (blocking) {
       can_block = Block(req, block_ms);
+      blocked = blocked || can_block;
       if (can_block) continue;
     }
     // Even a spinning wait lets others run now and then: with more ranks than
