@@ -84,6 +84,7 @@ Config Config::FromEnvironment() {
   if (const char* v = GetConfigEnv("HEARTBEAT_SECONDS")) c.heartbeat_seconds = std::atof(v);
   if (const char* v = GetConfigEnv("START_TIMEOUT")) c.start_timeout_s = std::atof(v);
   if (const char* v = GetConfigEnv("RENDEZVOUS_SCOPE")) c.rendezvous_scope = v;
+  if (const char* v = GetConfigEnv("SPECULATION")) c.speculation = ParseBool(v);
   if (c.heartbeat_seconds <= 0) c.heartbeat_seconds = 1.0;
   if (c.start_timeout_s <= 0) c.start_timeout_s = 30.0;
   if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;

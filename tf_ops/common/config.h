@@ -73,6 +73,9 @@ struct Config {
   // each round's scope, because the processes of a round have each started
   // a different number of times and no per-process counter agrees.
   std::string rendezvous_scope;
+  // Skip negotiation in the steady state (controller.h, speculation):
+  // TFRING_SPECULATION=0 turns it off, e.g. to measure against.
+  bool speculation = true;
 
   // The host name this rank uses for topology, given the job-wide rank.
   std::string HostnameFor(int rank, const std::string& real_host) const;
