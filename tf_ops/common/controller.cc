@@ -203,9 +203,8 @@ bool Controller::SpeculationEligible(const Response& r) {
   // may only queue its work.
   for (int32_t d : r.devices)
     if (d != kCpuDevice) return false;
-  int64_t count = 0;
-  for (int64_t n : r.tensor_sizes) count += n;
-  return count * DataTypeSize(r.dtype) <= kSpeculationMaxBytes;
+  if (r.tensor_names.size() > 1) return true;
+  return r.tensor_sizes[0] * DataTypeSize(r.dtype) <= kSpeculationMaxBytes;
 }
 
 bool Controller::LocallyReadyToSpeculate() const {
@@ -273,6 +272,8 @@ void Controller::EnterSpeculation(size_t position) {
   speculating_ = true;
   agreed_since_entry_ = 0;
   ++spec_stats_.entered;
+  TFRING_LOG(DEBUG) << "speculation: running a schedule of " << schedule_.size()
+                    << " responses without negotiation, from position " << position_;
   waiting_since_ = std::chrono::steady_clock::now();
   // Hits this rank holds that the others have not matched yet are held for
   // the schedule (or make this rank diverge if they are not in it).
@@ -350,6 +351,7 @@ void Controller::SpeculationResult(bool agreed) {
     return;
   }
   ++spec_stats_.fallbacks;
+  TFRING_LOG(DEBUG) << "speculation: a rank left the schedule; negotiating again";
   // The flagged response and everything after it is negotiated afresh, in
   // the order it was handed out, then what was held.
   std::vector<Request> back;

@@ -70,11 +70,13 @@ class Controller {
   // job alternating between two kinds of steps then tries rarely); a whole
   // schedule run without one brings them back to kSpeculationRounds.
   static constexpr int kSpeculationMaxRounds = 16;
-  // Responses larger than this are not speculated: speculation reduces in
-  // the fusion buffer (outputs are written only once the flag says that all
-  // ranks agreed), which costs a large single tensor two copies that the
-  // normal path does not make, more than the round it saves.
-  static constexpr int64_t kSpeculationMaxBytes = 1 << 20;
+  // Single-tensor responses larger than this are not speculated:
+  // speculation reduces in the fusion buffer (outputs are written only once
+  // the flag says that all ranks agreed), which costs a single tensor two
+  // copies that the normal path does not make (it reduces from the input
+  // straight into the output); past a few MB they cost more than the round
+  // saved. A fused response is copied through the fusion buffer either way.
+  static constexpr int64_t kSpeculationMaxBytes = 4 << 20;
   // This rank's own veto (TFRING_SPECULATION=0, process sets other than the
   // global one): the round's AND makes it every rank's.
   void set_speculation_allowed(bool allowed) { speculation_allowed_ = allowed; }

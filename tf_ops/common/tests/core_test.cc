@@ -788,7 +788,11 @@ static void TestSpeculationDetector() {
   CHECK(!Controller::SpeculationEligible(r));
   r.devices = {kCpuDevice, kCpuDevice};
   r.tensor_sizes = {Controller::kSpeculationMaxBytes};
-  CHECK(!Controller::SpeculationEligible(r));
+  CHECK(!Controller::SpeculationEligible(r));  // float64: twice the bytes
+  // A fused response pays the fusion buffer's copies on the normal path too.
+  r.tensor_names = {"x", "y"};
+  r.tensor_sizes = {Controller::kSpeculationMaxBytes, 4};
+  CHECK(Controller::SpeculationEligible(r));
 }
 
 static void TestSpeculationFallback() {
