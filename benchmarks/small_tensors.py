@@ -6,6 +6,8 @@ with it off::
     tfringrun -np 2 --timeout 300 python benchmarks/small_tensors.py --out results/small.jsonl
     TFRING_CACHE_CAPACITY=0 tfringrun -np 2 --timeout 300 python benchmarks/small_tensors.py ...
 
+and with speculation off (``TFRING_SPECULATION=0``) to measure what it saves.
+
 Measures, on every rank, each timed call started together by an mpi4py
 ``Barrier`` and taking as long as its slowest rank (medians reported):
 
@@ -207,6 +209,9 @@ def main(argv=None):
     lat = {k: slowest(v) for k, v in lat.items()}
 
     comm.Barrier()
+    # Whether the steady state ran without negotiation (TFRING_SPECULATION).
+    from tfring.common.basics import _speculation_stats
+    speculation = _speculation_stats()
     hvd.shutdown()
     if rank != 0:
         return
@@ -218,7 +223,8 @@ def main(argv=None):
            "step200": bc.summary(step_times), "floor200": bc.summary(floor_times),
            "chain_length": args.chain,
            "chain_per_op": {k: bc.summary(v) for k, v in chain_t.items()},
-           "latency": {k: bc.summary(v) for k, v in lat.items()}}
+           "latency": {k: bc.summary(v) for k, v in lat.items()},
+           "speculation": speculation}
     m = {k: v["median"] for k, v in rec["latency"].items()}
     rec["latency_target_s"] = 1.5 * (m["mpi4py_allreduce"] + m["function_identity"])
     bc.append_jsonl(args.out, [rec])
@@ -228,6 +234,7 @@ def main(argv=None):
         log(f"  4 KB per op in a chain of {args.chain}: {k:<14} median {bc.human_time(v['median'])}")
     for k, v in m.items():
         log(f"  4 KB {k:<20} median {bc.human_time(v)}")
+    log(f"  speculation (rank 0): {speculation}")
     log(f"  target for function_allreduce: <= 1.5 x (mpi4py + identity dispatch) = "
         f"{bc.human_time(rec['latency_target_s'])}")
 

@@ -98,6 +98,14 @@ PYBIND11_MODULE(_tfring_ops, m) {
     d["autotune_done"] = p.autotune_done;
     return d;
   });
+  m.def("speculation_stats", []() {
+    tfring::RuntimeParams p = tfring::GetRuntimeParams();
+    py::dict d;
+    d["entered"] = p.speculation.entered;
+    d["responses"] = p.speculation.responses;
+    d["fallbacks"] = p.speculation.fallbacks;
+    return d;
+  });
 #ifdef TFRING_WITH_NCCL
   m.attr("nccl_built") = true;
 #else

@@ -80,6 +80,9 @@ struct Config {
   // plane chooses).
   bool shm_single_copy = false;
   int64_t shm_single_copy_min_bytes = -1;
+  // Skip negotiation in the steady state (controller.h, speculation):
+  // TFRING_SPECULATION=0 turns it off, e.g. to measure against.
+  bool speculation = true;
 
   // The host name this rank uses for topology, given the job-wide rank.
   std::string HostnameFor(int rank, const std::string& real_host) const;

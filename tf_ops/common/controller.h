@@ -11,9 +11,11 @@
 #define TFRING_COMMON_CONTROLLER_H
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "config.h"
@@ -40,7 +42,57 @@ class Controller {
   // process-set changes) go through the coordinator.
   Status ComputeResponseList(const RequestList& mine, ResponseList* out);
   // True while this rank holds cache hits that other ranks have not matched.
-  bool HasPendingHits() const { return !pending_hits_.empty() || !deferred_.empty(); }
+  bool HasPendingHits() const {
+    return !pending_hits_.empty() || !deferred_.empty() || !held_.empty() || !replay_.empty();
+  }
+
+  // --- Speculation: skipping negotiation in the steady state.
+  //
+  // Every rank feeds the detector the same thing, the response list each
+  // round agreed on, so every rank enters speculative mode at the same round
+  // without a message: after `kSpeculationRounds` consecutive "rounds" (a
+  // round ends when a tensor comes round again: one training step) with the
+  // same tensors, all cache hits, no coordinator traffic and no rank vetoing
+  // (join pending, several process sets, speculation switched off, ...).
+  // The last round, with its order and fusion, becomes the schedule.
+  //
+  // In speculative mode ComputeResponseList sends nothing: it returns the
+  // schedule's next responses once this rank holds all of their tensors,
+  // marked `speculative`. The data plane then carries one extra element, the
+  // divergence flag. A rank that cannot follow the schedule (a tensor not in
+  // it, another shape, join, shutdown, autotuned values to send, or nothing
+  // for `hit_patience_`) runs the next response with `diverged` set: zeros
+  // and the flag. If the reduced flag is not zero no rank writes an output,
+  // every rank reports SpeculationResult(false), and the tensors held go
+  // back through normal negotiation, on every rank alike.
+  static constexpr int kSpeculationRounds = 3;
+  // Each fallback doubles the rounds needed to enter again, up to this (a
+  // job alternating between two kinds of steps then tries rarely); a whole
+  // schedule run without one brings them back to kSpeculationRounds.
+  static constexpr int kSpeculationMaxRounds = 16;
+  // Single-tensor responses larger than this are not speculated:
+  // speculation reduces in the fusion buffer (outputs are written only once
+  // the flag says that all ranks agreed), which costs a single tensor two
+  // copies that the normal path does not make (it reduces from the input
+  // straight into the output); past a few MB they cost more than the round
+  // saved. A fused response is copied through the fusion buffer either way.
+  static constexpr int64_t kSpeculationMaxBytes = 4 << 20;
+  // This rank's own veto (TFRING_SPECULATION=0, process sets other than the
+  // global one): the round's AND makes it every rank's.
+  void set_speculation_allowed(bool allowed) { speculation_allowed_ = allowed; }
+  bool speculating() const { return speculating_; }
+  // Called once per speculative response run, in order: `agreed` is false
+  // when some rank raised the divergence flag. The responses after a failed
+  // one in the same list must not run.
+  void SpeculationResult(bool agreed);
+  struct SpeculationStats {
+    int64_t entered = 0;    // times speculative mode was entered
+    int64_t responses = 0;  // speculative responses run and agreed
+    int64_t fallbacks = 0;  // speculative responses that some rank flagged
+  };
+  const SpeculationStats& speculation_stats() const { return spec_stats_; }
+  // Whether `r` may be run speculatively (an allreduce the flag can ride on).
+  static bool SpeculationEligible(const Response& r);
 
   // --- Coordinator logic, public so it can be tested without a transport.
   void Ingest(const RequestList& list, int from_rank);
@@ -79,6 +131,15 @@ class Controller {
   Status NegotiateWithCoordinator(const RequestList& mine, ResponseList* out);
   // Records negotiated responses in the cache and settles this rank's hits.
   void UpdateCache(const ResponseList& negotiated);
+  // Speculation (see above).
+  Status SpeculativeCycle(const RequestList& mine, ResponseList* out);
+  bool LocallyReadyToSpeculate() const;
+  // `clean`: every rank agreed that the round needed no coordinator and may
+  // count towards speculation.
+  void FeedDetector(const ResponseList& agreed, bool clean);
+  void CloseRound();
+  void ResetDetector();
+  void EnterSpeculation(size_t position);
   // `requests` minus the members of groups not yet complete on this rank,
   // plus the members of groups completed by them.
   std::vector<Request> StageGroups(const std::vector<Request>& requests);
@@ -128,8 +189,38 @@ class Controller {
   std::unordered_map<std::string, std::vector<Request>> arriving_groups_;
   bool join_pending_ = false;
   // Hits not matched by every rank within this long go to the coordinator,
-  // whose stall inspector can then say which ranks are missing.
+  // whose stall inspector can then say which ranks are missing. In
+  // speculative mode, a rank that has waited this long for the next
+  // response's tensors leaves it (raises the flag), for the same reason.
   std::chrono::steady_clock::duration hit_patience_;
+
+  // --- Speculation state (every rank).
+  bool speculation_allowed_ = true;
+  bool speculating_ = false;
+  // Detector: the current round's responses and names, the last round's
+  // responses and sorted names, and how many rounds in a row had them.
+  std::vector<Response> round_;
+  std::unordered_set<std::string> round_names_;
+  std::vector<Response> last_round_;
+  std::vector<std::string> last_round_sorted_;
+  int repeats_ = 0;
+  // Rounds needed to (re-)enter; doubles after each fallback (agreed on by
+  // every rank), so a job whose steps really differ stops trying soon.
+  int required_rounds_ = kSpeculationRounds;
+  // Speculative mode: the schedule, the position of the next response, and
+  // which response each tensor belongs to.
+  std::vector<Response> schedule_;
+  size_t position_ = 0;
+  size_t agreed_since_entry_ = 0;
+  std::unordered_map<std::string, size_t> schedule_index_;
+  // This rank's requests not yet run: held until their response is due.
+  std::unordered_map<std::string, Request> held_;
+  // Requests of responses handed out and not yet reported on, in order.
+  std::deque<std::vector<Request>> running_;
+  // Requests to negotiate after a fallback (before the round's new ones).
+  std::vector<Request> replay_;
+  std::chrono::steady_clock::time_point waiting_since_;
+  SpeculationStats spec_stats_;
 };
 
 }  // namespace tfring

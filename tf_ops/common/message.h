@@ -71,6 +71,11 @@ struct Response {
   // fused response has the same devices for all of its tensors. Empty for
   // errors and join.
   std::vector<int32_t> devices;
+  // Local to this rank, never sent: the controller scheduled this response
+  // without negotiation (controller.h, speculation), so its data-plane call
+  // carries the divergence flag; `diverged`: this rank raises it.
+  bool speculative = false;
+  bool diverged = false;
 
   // The device this set rank runs the response on (CPU when none is recorded).
   int32_t device_of(int set_rank) const {

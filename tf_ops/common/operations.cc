@@ -65,6 +65,11 @@ struct GlobalState {
   std::mutex wake_mu;
   std::condition_variable wake_cv;
   bool wake = false;
+
+  // The global set's speculation counters, copied by the background thread
+  // for GetRuntimeParams (tests check that speculation really happened).
+  std::mutex spec_mu;
+  SpeculationCounters spec_stats;
 };
 
 
@@ -190,6 +195,39 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
                        r.postscale_factor, ps.size(), phase);
   }
   CompleteWhenDone(ps, std::move(mine), std::move(run));
+}
+
+// Runs a response the controller scheduled without negotiation. Returns
+// false, having written and completed nothing, when some rank raised the
+// divergence flag: the tensors stay queued and are negotiated again. Every
+// rank gets the same answer from the same reduced flag.
+bool PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
+  const size_t n = r.tensor_names.size();
+  std::vector<ReduceSlot> slots(n);
+  for (size_t i = 0; i < n; ++i) {
+    slots[i].count = r.tensor_sizes[i];
+    // A rank that diverged may lack some of them: it sends zeros anyway.
+    if (!r.diverged) ps.queue.Peek(r.tensor_names[i], &slots[i].input, &slots[i].output);
+  }
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  bool agreed = false;
+  Status s = Route(ps, CollectiveType::ALLREDUCE, kCpuDevice, TotalBytes(r), &plane, &executor);
+  if (s.ok()) {
+    auto phase = [&r](const std::string& what, Clock::time_point start) {
+      Phase(r.tensor_names, what, start);
+    };
+    s = RunSpeculativeAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
+                                r.postscale_factor, ps.size(), r.diverged, &agreed, phase);
+  }
+  if (s.ok() && !agreed) return false;
+  // Agreed, or the plane failed (then, as on the normal path, the tensors
+  // get its error; a broken transport stops the job anyway).
+  for (const auto& name : r.tensor_names) {
+    TensorTableEntry e;
+    if (ps.queue.Take(name, &e)) Complete(e, s);
+  }
+  return true;
 }
 
 // Allocates the entry's output; if that fails the rank still takes part in
@@ -449,6 +487,11 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       mine.shutdown_reason = st.shutdown_reason;
     }
     ResponseList responses;
+    // Speculation needs the global set alone: a rank waiting inside a
+    // speculative collective must not be needed by another set's round.
+    ps->controller->set_speculation_allowed(st.config.speculation &&
+                                            ps->id == kGlobalProcessSetId &&
+                                            st.process_sets.All().size() == 1);
     const auto round_start = Clock::now();
     Status s = ps->controller->ComputeResponseList(mine, &responses);
     if (ps->id == kGlobalProcessSetId) *negotiation = Clock::now() - round_start;
@@ -467,7 +510,23 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
     // Tuned values take effect before this round's collectives run: a rank
     // woken by one of them must already see the values of that round.
     if (ps->id == kGlobalProcessSetId && responses.has_params) ApplyTunedParams(responses);
-    for (const Response& r : responses.responses) PerformOperation(*ps, r);
+    bool fell_back = false;
+    for (const Response& r : responses.responses) {
+      if (!r.speculative) {
+        PerformOperation(*ps, r);
+        continue;
+      }
+      // Every rank stops at the same flagged response; the rest of the
+      // list was handed out on this rank only.
+      if (fell_back) continue;
+      const auto start = Clock::now();
+      const bool agreed = PerformSpeculativeAllreduce(*ps, r);
+      ps->controller->SpeculationResult(agreed);
+      fell_back = !agreed;
+      // Time spent waiting in the plane for a peer is what a negotiation
+      // round would have waited: it says whether the ranks run in step.
+      if (ps->id == kGlobalProcessSetId) *negotiation += Clock::now() - start;
+    }
     *executed += static_cast<int>(responses.responses.size());
     *executed += ps->in_flight.Poll();
     if (ps->id == kGlobalProcessSetId) {
@@ -478,6 +537,11 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
           ps->controller->SendParams(p.fusion_threshold_bytes, p.cycle_time_ms, p.shm_min_bytes);
         }
       }
+    }
+    if (ps->id == kGlobalProcessSetId) {
+      const auto& c = ps->controller->speculation_stats();
+      std::lock_guard<std::mutex> lock(st.spec_mu);
+      st.spec_stats = {c.entered, c.responses, c.fallbacks};
     }
     if (ps->id == kGlobalProcessSetId && responses.shutdown) {
       *why = Status::Aborted("tfring has been shut down: " + responses.shutdown_reason +
@@ -969,6 +1033,10 @@ RuntimeParams GetRuntimeParams() {
   p.cycle_time_ms = st.cycle_time_ms;
   p.shm_min_bytes = st.shm_min_bytes;
   p.autotune_done = st.tuner ? st.tuner->done() && !st.tuner->HasUpdate() : false;
+  {
+    std::lock_guard<std::mutex> lock(st.spec_mu);
+    p.speculation = st.spec_stats;
+  }
   return p;
 }
 

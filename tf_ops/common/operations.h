@@ -68,11 +68,20 @@ Status GetProcessSet(int32_t id, int* rank, std::vector<int>* ranks);
 std::vector<int32_t> ProcessSetIds();
 
 // The values in force now (autotune may change them; all ranks agree).
+// The global set's speculation (controller.h): times entered, responses run
+// without negotiation, and fallbacks. Counted since init(), on this rank.
+struct SpeculationCounters {
+  int64_t entered = 0;
+  int64_t responses = 0;
+  int64_t fallbacks = 0;
+};
+
 struct RuntimeParams {
   int64_t fusion_threshold_bytes;
   double cycle_time_ms;
   int64_t shm_min_bytes;
   bool autotune_done;  // on rank 0 with TFRING_AUTOTUNE=1: the search has ended
+  SpeculationCounters speculation;
 };
 RuntimeParams GetRuntimeParams();
 

@@ -55,6 +55,15 @@ bool TensorQueue::Take(const std::string& name, TensorTableEntry* entry) {
   return true;
 }
 
+bool TensorQueue::Peek(const std::string& name, const void** input, void** output) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = table_.find(name);
+  if (it == table_.end()) return false;
+  *input = it->second.input;
+  *output = it->second.output;
+  return true;
+}
+
 void TensorQueue::FailAll(const Status& status) {
   std::unordered_map<std::string, TensorTableEntry> table;
   {

@@ -58,6 +58,9 @@ class TensorQueue {
   void PopRequests(std::vector<Request>* out);
   // Removes and returns the entry; false if this rank never submitted it.
   bool Take(const std::string& name, TensorTableEntry* entry);
+  // The entry's input and output, left in the queue (a speculative run that
+  // may be discarded); false if this rank never submitted it.
+  bool Peek(const std::string& name, const void** input, void** output) const;
   // Completes every pending entry with `status` (shutdown, fatal error).
   void FailAll(const Status& status);
   std::vector<std::string> PendingNames() const;

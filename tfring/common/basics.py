@@ -354,6 +354,14 @@ def _runtime_params():
     return dict(_core().runtime_params())
 
 
+def _speculation_stats():
+    """This rank's counters for the global set's speculation since init():
+    times it entered speculative mode, responses run without negotiation,
+    and fallbacks (a rank diverged). For tests and benchmarks."""
+    _require_init()
+    return dict(_core().speculation_stats())
+
+
 def mpi_threads_supported():
     """True when MPI runs with MPI_THREAD_MULTIPLE."""
     _require_init()
