@@ -14,7 +14,7 @@ CORE = os.path.join(ROOT, "tf_ops", "common")
 SOURCES = ["controller.cc", "message.cc", "fusion_buffer.cc", "reduction.cc", "common.cc",
            "response_cache.cc", "timeline.cc", "tensor_queue.cc", "executor.cc",
            "in_flight.cc", "ops/data_plane_selector.cc",
-           "config.cc", "logging.cc", "ops/adasum.cc"]
+           "config.cc", "logging.cc", "ops/adasum.cc", "peer_monitor.cc"]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")

@@ -29,23 +29,37 @@ bool PeerMonitor::ProcessAlive(int pid) {
   return state != 'Z' && state != 'X';
 }
 
-Status PeerMonitor::Check() {
+void PeerMonitor::set_on_death(std::function<void(int rank)> listener) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!failed_.ok() || local_.empty()) return failed_;
-  auto now = std::chrono::steady_clock::now();
-  if (now - last_check_ < interval_) return failed_;
-  last_check_ = now;
-  for (const Peer& p : local_) {
-    if (!ProcessAlive(p.pid)) {
-      failed_ = Status::Aborted(
-          "tfring stopped: rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) +
-          " on " + p.host +
-          ") has exited or was killed while other ranks still needed it for collectives. "
-          "Look at rank " + std::to_string(p.rank) + "'s own output for the cause.");
-      break;
+  on_death_ = std::move(listener);
+}
+
+Status PeerMonitor::Check() {
+  std::function<void(int)> tell;
+  int dead = -1;
+  Status result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.ok() || local_.empty()) return failed_;
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_check_ < interval_) return failed_;
+    last_check_ = now;
+    for (const Peer& p : local_) {
+      if (!ProcessAlive(p.pid)) {
+        failed_ = Status::Aborted(
+            "tfring stopped: rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) +
+            " on " + p.host +
+            ") has exited or was killed while other ranks still needed it for collectives. "
+            "Look at rank " + std::to_string(p.rank) + "'s own output for the cause.");
+        dead = p.rank;
+        tell = on_death_;
+        break;
+      }
     }
+    result = failed_;
   }
-  return failed_;
+  if (dead >= 0 && tell) tell(dead);
+  return result;
 }
 
 }  // namespace tfring

@@ -6,6 +6,7 @@
 #define TFRING_COMMON_PEER_MONITOR_H
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -31,6 +32,13 @@ class PeerMonitor {
   // at most once per interval, so it is cheap to call in a polling loop.
   Status Check();
 
+  // Called once, with the job-wide rank, when Check() first finds a peer
+  // dead (on the thread that called Check, outside the monitor's lock). The
+  // transport uses it to tell the other ranks which rank died before this
+  // one, failing too, closes its connections: otherwise a rank that has not
+  // noticed yet sees this one leave first and names it as the cause.
+  void set_on_death(std::function<void(int rank)> listener);
+
   static bool ProcessAlive(int pid);
 
  private:
@@ -39,6 +47,7 @@ class PeerMonitor {
   std::chrono::steady_clock::time_point last_check_;
   std::mutex mu_;
   Status failed_;
+  std::function<void(int)> on_death_;
 };
 
 }  // namespace tfring

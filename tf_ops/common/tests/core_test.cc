@@ -3,6 +3,9 @@
 // and ordering, the element-wise arithmetic, device-aware execution
 // (executors, asynchronous completion, the data-plane selector). Built and run by
 // tests/common/test_core_cpp.py (and by Bazel as //tf_ops:core_test).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -25,6 +28,7 @@
 #include "../fusion_buffer.h"
 #include "../message.h"
 #include "../ops/adasum.h"
+#include "../peer_monitor.h"
 #include "../reduction.h"
 #include "../response_cache.h"
 #include "../tensor_queue.h"
@@ -1684,7 +1688,27 @@ static void TestSelectorByDevice() {
   CHECK(table.Get(0, plane->on_gpu(), &ex).ok() && ex->device() == 0);
 }
 
+// The peer monitor names a dead peer and tells its listener (the TCP world,
+// which then tells the other ranks) once, with the job-wide rank.
+void TestPeerMonitorListener() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  CHECK(child > 0);
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child);  // reaped: its pid is free now
+  PeerMonitor monitor(0, "h", {{0, int(getpid()), "h"}, {3, int(child), "h"}, {5, 1, "other"}},
+                      0.0);
+  std::vector<int> told;
+  monitor.set_on_death([&told](int rank) { told.push_back(rank); });
+  Status s = monitor.Check();
+  CHECK(s.code() == StatusCode::ABORTED);
+  CHECK(s.message().find("rank 3 (pid " + std::to_string(child)) != std::string::npos);
+  CHECK(monitor.Check().code() == StatusCode::ABORTED);  // the same news, not told again
+  CHECK(told == std::vector<int>{3});
+}
+
 int main() {
+  TestPeerMonitorListener();
   TestSpeculativeAllreduce();
   TestSpeculationDetector();
   TestSpeculationFallback();

@@ -379,6 +379,28 @@ void TestInProcess() {
           Contains(s.message(), "while waiting for a message rank 0 never sends"));
     CHECK(never == std::string(8, 'x'));
   });
+  // Rank 0 learns from its peer monitor that rank 2's process is gone and
+  // leaves at once, while rank 1 still waits for it: rank 1 must name rank 2,
+  // the first to die, and not rank 0, whose connection closes first.
+  RunThreads(3, options, [](int r, std::shared_ptr<Communicator>& w) {
+    if (r == 0) {
+      std::string ready(1, 'x');
+      CHECK(Recv(*w, &ready, 1, 5).ok());
+      w->PeerProcessExited(2);
+      w.reset();
+      return;
+    }
+    std::string never(8, 'x');
+    CommRequestPtr req;
+    CHECK(w->Irecv(&never[0], 8, 0, 6, &req).ok());
+    if (r == 1) CHECK(Send(*w, "r", 0, 5).ok());
+    Status s = w->Wait(req.get(), "a message rank 0 never sends", false);
+    CHECK(s.code() == StatusCode::ABORTED);
+    if (r == 1) {
+      CHECK(Contains(s.message(), "tfring stopped: rank 2 (host thread-host-2) has exited or "
+                                  "was killed (reported by rank 0)"));
+    }
+  });
   // A world of one rank works (self messages, collectives).
   RunThreads(1, options, [](int, std::shared_ptr<Communicator>& w) {
     SelfAndBadArgs(*w);

@@ -76,6 +76,13 @@ class Communicator {
   // Collective: the same ranks, traffic kept apart from this one's.
   virtual Status Dup(std::shared_ptr<Communicator>* out) = 0;
 
+  // Told that the process of `rank` (of this communicator) is gone, found by
+  // other means than this transport (the peer monitor). A transport that can
+  // tells the other ranks now, naming `rank`, and stops using its
+  // connections: a rank that has not noticed yet must not see this one
+  // close first and blame it. MPI cannot, and ignores it.
+  virtual void PeerProcessExited(int rank) { (void)rank; }
+
   // Largest tag a caller may use (at least 32767, MPI's guaranteed minimum).
   virtual int max_tag() const { return 32767; }
 

@@ -32,6 +32,12 @@ class TcpBackend : public Backend {
   Status CreateProcessSet(ProcessSet* set, const Config& config) override;
   bool threads_supported() const override { return true; }
   void set_peer_monitor(std::shared_ptr<PeerMonitor> monitor) override {
+    // The monitor's ranks are job-wide, as the world communicator's are. A
+    // weak pointer: the world owns the monitor.
+    std::weak_ptr<Communicator> world = world_;
+    monitor->set_on_death([world](int rank) {
+      if (auto w = world.lock()) w->PeerProcessExited(rank);
+    });
     world_->set_monitor(std::move(monitor));
   }
   void set_hosts(std::vector<std::string> hosts) override { hosts_ = std::move(hosts); }

@@ -80,8 +80,9 @@ enum class PeerFailure : uint8_t {
   PROTOCOL = 3,
   IO = 4,
   LEFT = 5,
+  EXITED = 6,  // the peer monitor found its process gone
 };
-constexpr uint8_t kLastPeerFailure = 5;
+constexpr uint8_t kLastPeerFailure = 6;
 
 std::string Seconds(double s) {
   char buf[32];
@@ -454,6 +455,12 @@ class World {
   // has moved bytes, or `timeout_ms`), then moves what it can.
   void Block(TcpRequest* req, int timeout_ms);
   void CancelLocked(TcpRequest* req);
+  // The peer monitor found `peer`'s process gone: fails the world with that
+  // cause and tells the others, unless the world has failed already.
+  void PeerExited(int peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (peer >= 0 && peer < size() && peer != rank_) Fail(peer, PeerFailure::EXITED, "");
+  }
   std::mutex& mu() { return mu_; }
 
  private:
@@ -1049,6 +1056,7 @@ void World::Fail(int peer, PeerFailure cause, const std::string& detail, int rep
   switch (cause) {
     case PeerFailure::CLOSED: what = "closed its connection"; break;
     case PeerFailure::LEFT: what = "closed its connection in the middle of an exchange"; break;
+    case PeerFailure::EXITED: what = "has exited or was killed"; break;
     case PeerFailure::RESET: what = "reset its connection"; break;
     case PeerFailure::SILENT: what = "sent nothing for " + detail; break;
     case PeerFailure::PROTOCOL: what = "sent a malformed frame: " + detail; break;
@@ -1231,6 +1239,9 @@ class TcpCommunicator : public Communicator {
     return r->world->Test(r, done);
   }
   void Cancel(CommRequestPtr* req) override { req->reset(); }
+  void PeerProcessExited(int rank) override {
+    if (rank >= 0 && rank < size()) world_->PeerExited(members_[size_t(rank)]);
+  }
   bool Block(CommRequest* req, int timeout_ms) override {
     auto* r = dynamic_cast<TcpRequest*>(req);
     if (r == nullptr) return false;
