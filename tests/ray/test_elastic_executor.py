@@ -175,6 +175,27 @@ class _Hold:
         return 1
 
 
+def _on_event(ex, prefix, action, delay=0.0):
+    """Starts a thread that, once the executor's elastic job records an event
+    starting with `prefix`, waits `delay` seconds and calls `action` with the
+    events' texts then. Returns the thread (a daemon: it gives up with the
+    job)."""
+    import threading
+
+    def watch():
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while time.monotonic() < deadline and ex._elastic is not None:
+            if any(t.startswith(prefix) for _, t in ex_events(ex)):
+                time.sleep(delay)
+                action([t for _, t in ex_events(ex)])
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
 def test_below_min_workers_fails_after_elastic_timeout_naming_the_shortfall(ray_cluster):
     ex = RayExecutor(min_workers=2, max_workers=2, num_workers=2, cpus_per_worker=2,
                      elastic_timeout=5, start_timeout=120)
@@ -198,25 +219,18 @@ def test_below_min_workers_fails_after_elastic_timeout_naming_the_shortfall(ray_
 
 
 def test_below_min_workers_waits_and_recovers_when_ray_has_room_again(ray_cluster):
-    import threading
     ex = RayExecutor(min_workers=2, max_workers=2, num_workers=2, cpus_per_worker=2,
                      elastic_timeout=120, start_timeout=120)
     ex.start()
     hold = ray.remote(num_cpus=2)(_Hold).remote()
     released = []
 
-    def release_when_waiting():
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while time.monotonic() < deadline and ex._elastic is not None:
-            if any(t.startswith("waiting for 1 more worker(s)") for _, t in ex_events(ex)):
-                time.sleep(1.0)  # it keeps waiting while Ray has no room
-                released.append([t for _, t in ex_events(ex)])
-                ray.kill(hold)
-                return
-            time.sleep(0.1)
+    def release(texts):
+        released.append(texts)
+        ray.kill(hold)
 
-    watcher = threading.Thread(target=release_when_waiting, daemon=True)
-    watcher.start()
+    # It keeps waiting while Ray has no room: the events a second later show it.
+    watcher = _on_event(ex, "waiting for 1 more worker(s)", release, delay=1.0)
     try:
         results = ex.run(_train, args=(WORKER_SCRIPT, 12, 1, 2, 2, 6, 0.1),
                          timeout=RUN_TIMEOUT)
@@ -256,24 +270,13 @@ def test_grows_to_max_workers_when_ray_has_room_and_runs_again(ray_cluster):
     # workers asked for; once the first round runs they are freed, the job
     # grows to max_workers (3) while training, and a second run() reuses
     # the grown job.
-    import threading
     hold = ray.remote(num_cpus=2)(_Hold).remote()
     assert ray.get(hold.ping.remote(), timeout=60) == 1
     ex = RayExecutor(min_workers=2, max_workers=3, num_workers=2, cpus_per_worker=1,
                      elastic_timeout=120, start_timeout=120)
     ex.start()
     steps, wait_step = 12, 6
-
-    def release_once_training():
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while time.monotonic() < deadline and ex._elastic is not None:
-            if any(t.startswith("round 1:") for _, t in ex_events(ex)):
-                ray.kill(hold)
-                return
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=release_once_training, daemon=True)
-    watcher.start()
+    watcher = _on_event(ex, "round 1:", lambda _: ray.kill(hold))
     try:
         assert [w["worker"] for w in ex.workers()] == [0, 1]
         first = ex.run(_train, args=(WORKER_SCRIPT, steps, None, None, 3, wait_step, 0.1),
