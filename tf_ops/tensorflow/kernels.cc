@@ -270,6 +270,18 @@ class BroadcastOp : public CollectiveKernel {
     e->type = CollectiveType::BROADCAST;
     e->root_rank = root_rank_;
     TFRING_RETURN_IF_ERROR(FillInput(ctx, i, e));
+    if (Rank() == root_rank_) {
+      // The root's result is its input, bit for bit, so it gets the input's
+      // buffer (shared and reference-counted, as TF's Identity does) instead
+      // of a fresh output to copy into: a caller that keeps its input alive
+      // would otherwise pay a second pass over memory on the root, which
+      // made the root, not the peers, the slowest rank of a large broadcast.
+      // root_rank_ and Rank() are both job-wide ranks. No data plane writes
+      // the root's buffer in a broadcast: the root only reads it.
+      ctx->set_output(i, ctx->input(i));
+      e->output = const_cast<void*>(e->input);
+      return Status::OK();
+    }
     return SameShapeOutput(ctx, i, e);
   }
 

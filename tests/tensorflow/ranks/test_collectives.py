@@ -169,6 +169,24 @@ def test_broadcast_every_root_and_dtype(mode, rank, size):
         np.testing.assert_array_equal(out[f"bool/{root}"], rank_values(root).astype(bool))
 
 
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_broadcast_root_result_is_its_input_buffer(rank, size, in_function):
+    """The root's result equals its input bit for bit, so the root gets the
+    input's buffer back (shared, as tf.identity's is) rather than a copy,
+    even while the caller keeps the input; the other ranks get their own."""
+    n = 1 << 18
+    x = tf.range(n, dtype=tf.float32) + 1000.0 * rank
+    bcast = lambda t: hvd.broadcast(t, 0, name="root_result_is_input")  # noqa: E731
+    y = (tf.function(bcast) if in_function else bcast)(x)
+    np.testing.assert_array_equal(y.numpy(), np.arange(n, dtype=np.float32))
+    # _numpy() exposes the tensor's own buffer (numpy() copies it).
+    assert np.shares_memory(x._numpy(), y._numpy()) == (rank == 0)
+    # Ops on the shared result leave the input as it was.
+    z = y * 2.0 + 1.0
+    np.testing.assert_array_equal(z.numpy(), np.arange(n, dtype=np.float32) * 2 + 1)
+    np.testing.assert_array_equal(x.numpy(), np.arange(n, dtype=np.float32) + 1000.0 * rank)
+
+
 def test_large_broadcast_and_allgather(mode, rank, size):
     # Many steps of the shared-memory plane (and past its opt-in single-copy
     # threshold, 2 MB), odd sizes, values that differ by position and rank:
