@@ -81,6 +81,10 @@ struct GlobalState {
   bool inline_stop = false;
   bool inline_broken = false;
   Status inline_why;
+  // Under drive_mu: when a cycle last ran responses, and whether their peers
+  // were there at once (DriveInline's rule).
+  std::chrono::steady_clock::time_point last_ran;
+  bool ran_in_step = false;
   std::atomic<int64_t> inline_responses{0};
 };
 
@@ -166,6 +170,9 @@ std::string PlanePhase(const DataPlane& plane, CollectiveType type) {
 constexpr double kDrainSeconds = 10.0;
 // A negotiation round at least this long means the ranks are out of step.
 constexpr std::chrono::microseconds kInStepRound{500};
+// A submitting thread runs a speculated response itself only this soon
+// after the last one ran in step (DriveInline).
+constexpr std::chrono::microseconds kInlineGap{500};
 // How soon the loop looks again at collectives a device is running.
 constexpr std::chrono::microseconds kInFlightPoll{100};
 
@@ -669,6 +676,15 @@ bool HasInFlight() {
   return false;
 }
 
+// Under drive_mu, after a cycle that ran `executed` responses of which the
+// global set's took `negotiation` (for speculated ones: waiting for peers).
+void NoteCycle(int executed, Clock::duration negotiation) {
+  GlobalState& st = state();
+  if (executed == 0) return;
+  st.last_ran = Clock::now();
+  st.ran_in_step = negotiation < kInStepRound;
+}
+
 // Runs the global set's next speculated responses on the thread that just
 // submitted a tensor, when no other thread drives: in the steady state that
 // saves two thread hand-offs per collective (waking the background thread,
@@ -676,16 +692,24 @@ bool HasInFlight() {
 // callback run on a TF thread queues that op on the same thread), each a
 // sleep and a wake-up of tens of microseconds. The cycle is the background
 // thread's own (RunLoopOnce) under drive_mu, so every rank still runs the
-// same responses in the same order. Returns false, having done nothing, when
-// the background thread must take the tensor (not speculating, another
-// thread drives, shutting down, TFRING_SPECULATION_INLINE=0), or when the
-// cycle ran nothing (the next response needs tensors not yet submitted).
+// same responses in the same order. Returns false when the background
+// thread must take over: nothing was tried (not speculating, another thread
+// drives, shutting down, TFRING_SPECULATION_INLINE=0), the cycle ran
+// nothing (the next response needs tensors not yet submitted), or it ended
+// speculation (a fallback: what was held is negotiated again) or the job.
+//
+// Only while the ranks run in step, as in a chain of collectives: the last
+// responses ran less than kInlineGap ago and found their peers there.
+// Otherwise a peer may still be computing (the first gradient of a training
+// step), and the submitting thread, one of TF's compute threads, would wait
+// for it instead of computing; the background thread waits then.
 bool DriveInline(ProcessSet& ps) {
   GlobalState& st = state();
   if (t_driving || !st.config.speculation_inline || ps.id != kGlobalProcessSetId) return false;
   std::unique_lock<std::mutex> drive(st.drive_mu, std::try_to_lock);
   if (!drive.owns_lock()) return false;
   if (!st.drive_open || st.inline_stop || st.shutdown_requested || !ps.controller->speculating() ||
+      !st.ran_in_step || Clock::now() - st.last_ran > kInlineGap ||
       st.process_sets.All().size() != 1) {
     return false;
   }
@@ -699,6 +723,7 @@ bool DriveInline(ProcessSet& ps) {
     t_driving = true;
     Clock::duration negotiation{};
     ok = RunLoopOnce(&why, &broken, &executed, &negotiation);
+    NoteCycle(executed, negotiation);
     t_driving = false;
     if (!ok) {
       // The background thread stops the job, as if its own cycle had failed.
@@ -709,9 +734,11 @@ bool DriveInline(ProcessSet& ps) {
       st.inline_responses += executed;
     }
   }
+  // After a fallback the background thread negotiates what was held.
+  const bool still = ps.controller->speculating();
   drive.unlock();
   RunDeferred(&done);
-  return ok && executed > 0;
+  return ok && executed > 0 && still;
 }
 
 // The cycle: negotiate, run what is ready, then wait. A submission wakes the
@@ -763,6 +790,7 @@ void BackgroundLoop() {
         pending = HasPendingWork();
         SetUrgentWaits(pending && in_step);
         go_on = RunLoopOnce(&why, &broken, &executed, &negotiation);
+        NoteCycle(executed, negotiation);
       }
       if (go_on) {
         CheckForStalls(&last_stall_warning);
