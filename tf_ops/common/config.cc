@@ -88,6 +88,7 @@ Config Config::FromEnvironment() {
   if (const char* v = GetConfigEnv("SHM_SINGLE_COPY_MIN_BYTES"))
     c.shm_single_copy_min_bytes = std::atoll(v);
   if (const char* v = GetConfigEnv("SPECULATION")) c.speculation = ParseBool(v);
+  if (const char* v = GetConfigEnv("SPECULATION_INLINE")) c.speculation_inline = ParseBool(v);
   if (c.heartbeat_seconds <= 0) c.heartbeat_seconds = 1.0;
   if (c.start_timeout_s <= 0) c.start_timeout_s = 30.0;
   if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;

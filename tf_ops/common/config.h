@@ -83,6 +83,11 @@ struct Config {
   // Skip negotiation in the steady state (controller.h, speculation):
   // TFRING_SPECULATION=0 turns it off, e.g. to measure against.
   bool speculation = true;
+  // In speculative mode, a thread that submits a tensor runs the schedule's
+  // next responses itself when no other thread drives (operations.cc,
+  // DriveInline); TFRING_SPECULATION_INLINE=0 leaves it to the background
+  // thread.
+  bool speculation_inline = true;
 
   // The host name this rank uses for topology, given the job-wide rank.
   std::string HostnameFor(int rank, const std::string& real_host) const;

@@ -70,7 +70,27 @@ struct GlobalState {
   // for GetRuntimeParams (tests check that speculation really happened).
   std::mutex spec_mu;
   SpeculationCounters spec_stats;
+
+  // One thread at a time drives the controllers and data planes: the
+  // background thread for each cycle, or a submitting thread that runs a
+  // speculated response itself (DriveInline).
+  std::mutex drive_mu;
+  // Under drive_mu: whether the loop runs and the sets may be driven; and a
+  // stop that a submitting thread's cycle ran into, for the loop to act on.
+  bool drive_open = false;
+  bool inline_stop = false;
+  bool inline_broken = false;
+  Status inline_why;
+  // Under drive_mu: when a cycle last ran responses, and whether their peers
+  // were there at once (DriveInline's rule).
+  std::chrono::steady_clock::time_point last_ran;
+  bool ran_in_step = false;
+  std::atomic<int64_t> inline_responses{0};
 };
+
+// Whether this thread already drives (holds drive_mu): the background thread,
+// or a submitting thread whose completion callback submits again inline.
+thread_local bool t_driving = false;
 
 
 // Never destroyed: kernels may still hold callbacks into the core while the
@@ -89,9 +109,40 @@ void WakeBackground() {
   st.wake_cv.notify_one();
 }
 
+// Completions of a cycle, handed to their callbacks once the driving thread
+// has let go of drive_mu: a callback makes TF start the op that consumes the
+// result, which submits at once, and that submission should find nobody
+// driving, so that it runs its collective itself (DriveInline) rather than
+// hand it to the background thread.
+struct Deferred {
+  DoneCallback callback;
+  Status status;
+  int32_t result;
+};
+thread_local std::vector<Deferred>* t_deferred = nullptr;
+
+class DeferCompletions {
+ public:
+  explicit DeferCompletions(std::vector<Deferred>* into) : prev_(t_deferred) { t_deferred = into; }
+  ~DeferCompletions() { t_deferred = prev_; }
+
+ private:
+  std::vector<Deferred>* prev_;
+};
+
+void RunDeferred(std::vector<Deferred>* list) {
+  for (auto& d : *list) d.callback(d.status, d.result);
+  list->clear();
+}
+
 void Complete(TensorTableEntry& e, const Status& s, int32_t result = -1) {
   state().timeline.End(e.name);
-  if (e.callback) e.callback(s, result);
+  if (!e.callback) return;
+  if (t_deferred) {
+    t_deferred->push_back({std::move(e.callback), s, result});
+    return;
+  }
+  e.callback(s, result);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -119,6 +170,9 @@ std::string PlanePhase(const DataPlane& plane, CollectiveType type) {
 constexpr double kDrainSeconds = 10.0;
 // A negotiation round at least this long means the ranks are out of step.
 constexpr std::chrono::microseconds kInStepRound{500};
+// A submitting thread runs a speculated response itself only this soon
+// after the last one ran in step (DriveInline).
+constexpr std::chrono::microseconds kInlineGap{500};
 // How soon the loop looks again at collectives a device is running.
 constexpr std::chrono::microseconds kInFlightPoll{100};
 
@@ -541,7 +595,9 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
     if (ps->id == kGlobalProcessSetId) {
       const auto& c = ps->controller->speculation_stats();
       std::lock_guard<std::mutex> lock(st.spec_mu);
-      st.spec_stats = {c.entered, c.responses, c.fallbacks};
+      st.spec_stats.entered = c.entered;
+      st.spec_stats.responses = c.responses;
+      st.spec_stats.fallbacks = c.fallbacks;
     }
     if (ps->id == kGlobalProcessSetId && responses.shutdown) {
       *why = Status::Aborted("tfring has been shut down: " + responses.shutdown_reason +
@@ -620,6 +676,71 @@ bool HasInFlight() {
   return false;
 }
 
+// Under drive_mu, after a cycle that ran `executed` responses of which the
+// global set's took `negotiation` (for speculated ones: waiting for peers).
+void NoteCycle(int executed, Clock::duration negotiation) {
+  GlobalState& st = state();
+  if (executed == 0) return;
+  st.last_ran = Clock::now();
+  st.ran_in_step = negotiation < kInStepRound;
+}
+
+// Runs the global set's next speculated responses on the thread that just
+// submitted a tensor, when no other thread drives: in the steady state that
+// saves two thread hand-offs per collective (waking the background thread,
+// and TF waking another thread for the op that consumes the result, since a
+// callback run on a TF thread queues that op on the same thread), each a
+// sleep and a wake-up of tens of microseconds. The cycle is the background
+// thread's own (RunLoopOnce) under drive_mu, so every rank still runs the
+// same responses in the same order. Returns false when the background
+// thread must take over: nothing was tried (not speculating, another thread
+// drives, shutting down, TFRING_SPECULATION_INLINE=0), the cycle ran
+// nothing (the next response needs tensors not yet submitted), or it ended
+// speculation (a fallback: what was held is negotiated again) or the job.
+//
+// Only while the ranks run in step, as in a chain of collectives: the last
+// responses ran less than kInlineGap ago and found their peers there.
+// Otherwise a peer may still be computing (the first gradient of a training
+// step), and the submitting thread, one of TF's compute threads, would wait
+// for it instead of computing; the background thread waits then.
+bool DriveInline(ProcessSet& ps) {
+  GlobalState& st = state();
+  if (t_driving || !st.config.speculation_inline || ps.id != kGlobalProcessSetId) return false;
+  std::unique_lock<std::mutex> drive(st.drive_mu, std::try_to_lock);
+  if (!drive.owns_lock()) return false;
+  if (!st.drive_open || st.inline_stop || st.shutdown_requested || !ps.controller->speculating() ||
+      !st.ran_in_step || Clock::now() - st.last_ran > kInlineGap ||
+      st.process_sets.All().size() != 1) {
+    return false;
+  }
+  std::vector<Deferred> done;
+  Status why;
+  bool broken = false;
+  int executed = 0;
+  bool ok;
+  {
+    DeferCompletions defer(&done);
+    t_driving = true;
+    Clock::duration negotiation{};
+    ok = RunLoopOnce(&why, &broken, &executed, &negotiation);
+    NoteCycle(executed, negotiation);
+    t_driving = false;
+    if (!ok) {
+      // The background thread stops the job, as if its own cycle had failed.
+      st.inline_stop = true;
+      st.inline_why = why;
+      st.inline_broken = broken;
+    } else {
+      st.inline_responses += executed;
+    }
+  }
+  // After a fallback the background thread negotiates what was held.
+  const bool still = ps.controller->speculating();
+  drive.unlock();
+  RunDeferred(&done);
+  return ok && executed > 0 && still;
+}
+
 // The cycle: negotiate, run what is ready, then wait. A submission wakes the
 // thread at once, so an idle job answers a new collective without waiting
 // for a tick. Otherwise it waits TFRING_CYCLE_TIME while collectives are
@@ -646,14 +767,42 @@ void BackgroundLoop() {
   // (or this rank's) TF threads need: at np=2 on 2 cores that cost 10-15 ms
   // of CPU per training step (benchmarks/RESULTS.md, the step breakdown).
   bool in_step = false;
+  t_driving = true;
+  {
+    std::lock_guard<std::mutex> drive(st.drive_mu);
+    st.drive_open = true;
+    st.inline_stop = false;
+  }
   while (true) {
     int executed = 0;
-    const bool pending = HasPendingWork();
-    SetUrgentWaits(pending && in_step);
+    bool pending = false, pending_after = false, go_on = true;
     Clock::duration negotiation{};
-    if (!RunLoopOnce(&why, &broken, &executed, &negotiation)) break;
+    std::vector<Deferred> done;
+    {
+      // The controllers are read and driven under drive_mu only.
+      std::lock_guard<std::mutex> drive(st.drive_mu);
+      DeferCompletions defer(&done);
+      go_on = !st.inline_stop;
+      if (!go_on) {
+        why = st.inline_why;
+        broken = st.inline_broken;
+      } else {
+        pending = HasPendingWork();
+        SetUrgentWaits(pending && in_step);
+        go_on = RunLoopOnce(&why, &broken, &executed, &negotiation);
+        NoteCycle(executed, negotiation);
+      }
+      if (go_on) {
+        CheckForStalls(&last_stall_warning);
+        pending_after = HasPendingWork();
+      } else {
+        // From here on no submitting thread touches the sets (they go below).
+        st.drive_open = false;
+      }
+    }
+    RunDeferred(&done);
+    if (!go_on) break;
     in_step = pending && negotiation < kInStepRound;
-    CheckForStalls(&last_stall_warning);
     const Clock::duration cycle = cycle_now();
     const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
     Clock::duration wait = cycle;
@@ -661,7 +810,7 @@ void BackgroundLoop() {
       // A device may finish any moment: look again soon, not at the next tick.
       wait = std::min<Clock::duration>(cycle, kInFlightPoll);
       idle_wait = cycle;
-    } else if (executed == 0 && !HasPendingWork()) {
+    } else if (executed == 0 && !pending_after) {
       idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
       wait = idle_wait;
     } else {
@@ -949,7 +1098,7 @@ Status CheckAlltoallArguments(const TensorTableEntry& e, int set_size, int rank)
 
 Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
   GlobalState& st = state();
-  std::lock_guard<std::mutex> lock(st.enqueue_mu);
+  std::unique_lock<std::mutex> lock(st.enqueue_mu);
   if (!st.ever_initialized) {
     return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
   }
@@ -972,8 +1121,12 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
         CheckAlltoallArguments(entry, static_cast<int>(ps->ranks.size()), st.topo.rank));
   }
   if (st.timeline.enabled()) st.timeline.NegotiateStart(entry.name, CollectiveName(entry.type));
+  // Only host allreduces, ready now, can be speculated.
+  const bool may_inline = entry.type == CollectiveType::ALLREDUCE && entry.device == kCpuDevice &&
+                          !entry.ready_event;
   TFRING_RETURN_IF_ERROR(ps->queue.Add(std::move(entry), ps->rank));
-  WakeBackground();
+  lock.unlock();
+  if (!(may_inline && DriveInline(*ps))) WakeBackground();
   return Status::OK();
 }
 
@@ -1037,6 +1190,7 @@ RuntimeParams GetRuntimeParams() {
     std::lock_guard<std::mutex> lock(st.spec_mu);
     p.speculation = st.spec_stats;
   }
+  p.speculation.inline_responses = st.inline_responses;
   return p;
 }
 

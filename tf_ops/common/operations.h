@@ -74,6 +74,8 @@ struct SpeculationCounters {
   int64_t entered = 0;
   int64_t responses = 0;
   int64_t fallbacks = 0;
+  // Responses run by the submitting thread itself (TFRING_SPECULATION_INLINE).
+  int64_t inline_responses = 0;
 };
 
 struct RuntimeParams {
