@@ -1,12 +1,14 @@
 """The TCP transport against MPI, in one run (issue 9's benchmark).
 
     python benchmarks/transport.py [--np 2,3] [--json out.json] [--skip-cross-host]
-                                   [--skip-same-host] [--sizes "4 KB,1 MB,64 MB"]
+                                   [--skip-same-host] [--sizes "4 KB,1 MB,64 MB"] [--rounds N]
     python benchmarks/transport.py --cpp-ring ROUNDS [--np 2,3]   (the transport alone)
     python benchmarks/transport.py --cpp-negotiate ROUNDS [--np 2,3] [--core DIR]
 
 Rows, each measured for both controllers (tfringrun --mpi and --tcp)
-launched one after the other in the same run:
+launched one after the other in the same run (with --rounds N, N times, the
+order alternating, and each cell the median over rounds; the process CPU
+per call is printed next to the time, since other jobs' load moves it less):
   * 4 KB allreduce latency: the median time of one float32 allreduce inside
     tf.function, ranks lined up by a tiny allreduce before each call, the
     slowest rank's median;
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,13 +80,20 @@ def rank_main(args):
         out = step(x).numpy()
         assert out[0] == size and out[-1] == size, "wrong allreduce result"
         times = []
+        cpu = 0.0
         for i in range(reps_for(nbytes) + 3):
+            if i == 3:
+                cpu = bc.rusage_cpu()
             line_up(one).numpy()
             t0 = time.perf_counter()
             step(x).numpy()
             if i >= 3:
                 times.append(time.perf_counter() - t0)
+        cpu = (bc.rusage_cpu() - cpu) / len(times)
         results["rows"][label] = slowest(float(np.median(times)))
+        # Process CPU per call (with its line-up allreduce), which the load
+        # of other jobs moves less than time.
+        results.setdefault("cpu_per_call", {})[label] = slowest(cpu)
     # Idle cost: after the collectives, every thread (the background loop,
     # heartbeats) is as it will be between training steps.
     line_up(one).numpy()
@@ -324,6 +334,9 @@ def main():
                         "tf_ops/common (e.g. another tree's) to compare in one run")
     p.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="same-host rounds, the controllers' order alternating (MPI first "
+                        "in odd rounds, TCP first in even ones); cells are medians")
     p.add_argument("--sizes", default=",".join(SIZES),
                    help="same-host rows to run (comma-separated, default all)")
     p.add_argument("--idle-seconds", type=float, default=3.0, help=argparse.SUPPRESS)
@@ -354,12 +367,19 @@ def main():
                 json.dump({"machine": machine, "cpp_ring": rows}, f, indent=1)
         return
     same_host = []
-    for np_ in (int(n) for n in args.np.split(",")):
-        for controller in ("mpi", "tcp"):
-            if args.skip_same_host:
-                break
-            print(f"running np={np_} --{controller} ...", file=sys.stderr, flush=True)
-            same_host.append(launch(np_, controller, args.sizes, args.timeout))
+    for round_ in range(args.rounds if not args.skip_same_host else 0):
+        # Odd rounds start with TCP: whichever runs second at an np finds the
+        # machine as the first left it (memory, caches), so one fixed order
+        # would favour one controller on every row.
+        order = ("mpi", "tcp") if round_ % 2 == 0 else ("tcp", "mpi")
+        for np_ in (int(n) for n in args.np.split(",")):
+            for controller in order:
+                print(f"round {round_ + 1}: running np={np_} --{controller} ...",
+                      file=sys.stderr, flush=True)
+                data = launch(np_, controller, args.sizes, args.timeout)
+                data["round"] = round_ + 1
+                data["load_after"] = os.getloadavg()[0]
+                same_host.append(data)
     cross = []
     if not args.skip_cross_host:
         for np_ in (int(n) for n in args.np.split(",")):
@@ -373,22 +393,35 @@ def main():
     machine["load_after"] = os.getloadavg()
 
     print(f"\nmachine: {machine}\n")
-    print(f"{'np':>2} {'row':<22} {'MPI':>12} {'TCP':>12} {'TCP vs MPI':>11}")
+    rounds = sorted({r["round"] for r in same_host})
+    if len(rounds) > 1:
+        print(f"{len(rounds)} rounds, the controllers' order alternated; each cell is the "
+              "median over rounds, then every round's TCP-vs-MPI ratio\n")
+    print(f"{'np':>2} {'row':<22} {'MPI':>12} {'TCP':>12} {'TCP vs MPI':>11}  "
+          f"{'CPU/call MPI, TCP (ms)':>23}")
     for np_ in sorted({r["np"] for r in same_host}):
-        by = {r["controller"]: r for r in same_host if r["np"] == np_}
+        runs = {c: [r for r in same_host if r["np"] == np_ and r["controller"] == c]
+                for c in ("mpi", "tcp")}
         for label, nbytes in SIZES.items():
-            if label not in by["mpi"]["rows"]:
+            if label not in runs["mpi"][0]["rows"]:
                 continue
-            m, t = by["mpi"]["rows"][label], by["tcp"]["rows"][label]
+            ms = [r["rows"][label] for r in runs["mpi"]]
+            ts = [r["rows"][label] for r in runs["tcp"]]
+            m, t = statistics.median(ms), statistics.median(ts)
+            cm = statistics.median([r["cpu_per_call"][label] for r in runs["mpi"]]) * 1e3
+            ct = statistics.median([r["cpu_per_call"][label] for r in runs["tcp"]]) * 1e3
+            per_round = ("  rounds: " + " ".join(f"{a / b:.2f}x" for a, b in zip(ms, ts))
+                         if len(ms) > 1 else "")
             if label == "4 KB":
                 print(f"{np_:>2} {'4 KB latency (us)':<22} {m * 1e6:>12.1f} {t * 1e6:>12.1f} "
-                      f"{m / t:>10.2f}x")
+                      f"{m / t:>10.2f}x  {cm:>11.3f} {ct:>11.3f}{per_round}")
             else:
                 bus = lambda s: nbytes / s * 2 * (np_ - 1) / np_ / 1e9  # noqa: E731
                 print(f"{np_:>2} {label + ' busbw (GB/s)':<22} {bus(m):>12.2f} {bus(t):>12.2f} "
-                      f"{m / t:>10.2f}x")
-        print(f"{np_:>2} {'idle CPU (CPU-s/s)':<22} {by['mpi']['idle_cpu']:>12.4f} "
-              f"{by['tcp']['idle_cpu']:>12.4f}")
+                      f"{m / t:>10.2f}x  {cm:>11.3f} {ct:>11.3f}{per_round}")
+        print(f"{np_:>2} {'idle CPU (CPU-s/s)':<22} "
+              f"{max(r['idle_cpu'] for r in runs['mpi']):>12.4f} "
+              f"{max(r['idle_cpu'] for r in runs['tcp']):>12.4f}  (highest over rounds)")
     for r in cross:
         print(f"{r['np']:>2} cross-host ring over TCP, 64 MB: busbw {r['ring_busbw'] / 1e9:.2f} GB/s"
               f" = {r['ring_busbw'] / r['raw_stream']:.0%} of one raw stream ({r['tool']}, "

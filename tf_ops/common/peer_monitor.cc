@@ -1,5 +1,7 @@
 #include "peer_monitor.h"
 
+#include <sched.h>
+
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -15,6 +17,23 @@ PeerMonitor::PeerMonitor(int my_rank, const std::string& my_host, const std::vec
   for (const Peer& p : peers) {
     if (p.rank != my_rank && p.host == my_host && p.pid > 0) local_.push_back(p);
   }
+  std::vector<int> pids{0};
+  for (const Peer& p : local_) pids.push_back(p.pid);
+  // Ranks bound to a core each are not outnumbered, though each alone sees
+  // one CPU: the union of everyone's masks counts.
+  outnumbered_ = static_cast<int>(pids.size()) > CpusOf(pids);
+}
+
+int PeerMonitor::CpusOf(const std::vector<int>& pids) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int pid : pids) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(pid, sizeof set, &set) != 0) continue;
+    CPU_OR(&all, &all, &set);
+  }
+  return CPU_COUNT(&all);
 }
 
 bool PeerMonitor::ProcessAlive(int pid) {

@@ -41,6 +41,17 @@ class PeerMonitor {
 
   static bool ProcessAlive(int pid);
 
+  // True when this host's ranks (this process and the watched peers)
+  // outnumber the CPUs they may run on together, as their affinity masks
+  // said at construction. Then a rank that busy-waits for a peer takes the
+  // core that peer needs to answer, so waits should block at once (the
+  // shared-memory plane's ShmWaitPolicy makes the same choice).
+  bool outnumbered() const { return outnumbered_; }
+  // The number of CPUs in the union of the affinity masks of `pids` (0:
+  // this process). A pid whose mask cannot be read (gone, or another
+  // user's) adds none.
+  static int CpusOf(const std::vector<int>& pids);
+
  private:
   std::vector<Peer> local_;
   std::chrono::steady_clock::duration interval_;
@@ -48,6 +59,7 @@ class PeerMonitor {
   std::mutex mu_;
   Status failed_;
   std::function<void(int)> on_death_;
+  bool outnumbered_ = false;
 };
 
 }  // namespace tfring

@@ -529,10 +529,50 @@ void WaitPolicyOnThisThread() {
   CHECK(r.tests == 500);
 }
 
+// `peers` more ranks of this process's pid on this host: with as many peers
+// as this process may use CPUs, the ranks outnumber the CPUs.
+std::shared_ptr<PeerMonitor> MonitorWithPeers(int peers) {
+  std::vector<PeerMonitor::Peer> list;
+  for (int i = 1; i <= peers; ++i) list.push_back({i, int(getpid()), "this-host"});
+  return std::make_shared<PeerMonitor>(0, "this-host", list);
+}
+
+void OutnumberedWaitsOnThisThread() {
+  const int cpus = PeerMonitor::CpusOf({0});
+  CHECK(cpus >= 1);
+  // The union of masks: the same process twice, or one that does not
+  // exist, adds no CPU.
+  CHECK(PeerMonitor::CpusOf({0, int(getpid())}) == cpus);
+  CHECK(PeerMonitor::CpusOf({0, 0x3ffffffe}) == cpus);
+  CHECK(!MonitorWithPeers(cpus - 1)->outnumbered());
+  CHECK(MonitorWithPeers(cpus)->outnumbered());
+  CHECK(MonitorWithPeers(cpus + 2)->outnumbered());
+
+  ScriptedComm comm(true);
+  SetUrgentWaits(true);
+  // Ranks outnumber CPUs: data and urgent waits block at their 2nd Test,
+  // every time, without first learning it from a failed spin.
+  comm.set_monitor(MonitorWithPeers(cpus));
+  for (int i = 0; i < 20; ++i) {
+    CHECK(ScriptedWait(comm, 0, true) == 2);
+    CHECK(ScriptedWait(comm, 0, false) == 2);
+    CHECK(ScriptedWait(comm, 5, true) == 2);
+  }
+  // They leave the spin history alone: as many ranks as CPUs spin again at
+  // once, as a fresh thread does.
+  comm.set_monitor(MonitorWithPeers(cpus - 1));
+  CHECK(ScriptedWait(comm, 4, true) == 0);
+  CHECK(ScriptedWait(comm, 0, true) >= 8);
+  CHECK(ScriptedWait(comm, 0, false) >= 8);
+  SetUrgentWaits(false);
+}
+
 void TestWaitPolicy() {
   // The spin state is per thread: a fresh thread starts from no history.
   std::thread t(WaitPolicyOnThisThread);
   t.join();
+  std::thread u(OutnumberedWaitsOnThisThread);
+  u.join();
 }
 
 void TestHeaderParser() {

@@ -34,6 +34,11 @@ constexpr auto kSpinBeforeBlock = std::chrono::microseconds(100);
 // hosts arrive a millisecond apart and rarely within a spin) must not turn
 // off the spin of the negotiation's waits, which are answered within
 // microseconds while the ranks run in step.
+// Where it is known beforehand that the bet fails, because this host's
+// ranks outnumber the CPUs they may run on (PeerMonitor::outnumbered()),
+// waits do not spin at all: learning it from failed spins lets every few
+// waits spin in vain again, and at np=3 on 2 cores some runs never settled
+// (benchmarks/RESULTS_TRANSPORT.md, session 4).
 constexpr int kSpinBackoffMin = 4;
 constexpr int kSpinBackoffMax = 1024;
 struct SpinState {
@@ -56,6 +61,7 @@ bool UrgentWaits() { return g_urgent_waits.load(std::memory_order_relaxed); }
 
 Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
   if (req == nullptr) return Status::OK();
+  const bool outnumbered = monitor_ && monitor_->outnumbered();
   bool done = false;
   auto sleep = std::chrono::microseconds(10);
   const bool urgent = UrgentWaits();
@@ -92,7 +98,7 @@ Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
       }
       return Status::OK();
     }
-    if (polls == 0 && matters) {
+    if (polls == 0 && matters && !outnumbered) {
       spin_first = t_spin.skip == 0;
       if (!spin_first) --t_spin.skip;
       start = std::chrono::steady_clock::now();
