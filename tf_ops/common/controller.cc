@@ -193,18 +193,31 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
 // --- Speculation -------------------------------------------------------------
 
 bool Controller::SpeculationEligible(const Response& r) {
-  if (r.type != ResponseType::COLLECTIVE || r.collective != CollectiveType::ALLREDUCE) return false;
+  if (r.type != ResponseType::COLLECTIVE || r.tensor_names.empty()) return false;
+  switch (r.collective) {
+    case CollectiveType::ALLREDUCE:
+      if (r.tensor_names.size() != r.tensor_sizes.size()) return false;
+      break;
+    case CollectiveType::BROADCAST:
+    case CollectiveType::ALLGATHER:
+      if (r.tensor_names.size() != 1) return false;
+      break;
+    default:
+      return false;
+  }
+  for (int32_t d : r.devices)
+    if (d != kCpuDevice) return false;
+  return true;
+}
+
+bool Controller::FlagRidesAlong(const Response& r) {
+  if (r.collective != CollectiveType::ALLREDUCE) return false;
   if (r.reduce_op != ReduceOp::SUM && r.reduce_op != ReduceOp::AVERAGE) return false;
   // The flag is one element of the tensors' own type; these sum 0 and 1
   // exactly, and a NaN or Inf in the data cannot reach it.
   if (r.dtype != DataType::FLOAT32 && r.dtype != DataType::FLOAT64) return false;
-  if (r.tensor_names.empty() || r.tensor_names.size() != r.tensor_sizes.size()) return false;
-  // Host memory only: the flag must be read back at once, and a GPU plane
-  // may only queue its work.
-  for (int32_t d : r.devices)
-    if (d != kCpuDevice) return false;
   if (r.tensor_names.size() > 1) return true;
-  return r.tensor_sizes[0] * DataTypeSize(r.dtype) <= kSpeculationMaxBytes;
+  return r.tensor_sizes[0] * DataTypeSize(r.dtype) <= kFlagRidesMaxBytes;
 }
 
 bool Controller::LocallyReadyToSpeculate() const {

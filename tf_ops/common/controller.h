@@ -58,25 +58,35 @@ class Controller {
   //
   // In speculative mode ComputeResponseList sends nothing: it returns the
   // schedule's next responses once this rank holds all of their tensors,
-  // marked `speculative`. The data plane then carries one extra element, the
-  // divergence flag. A rank that cannot follow the schedule (a tensor not in
-  // it, another shape, join, shutdown, autotuned values to send, or nothing
-  // for `hit_patience_`) runs the next response with `diverged` set: zeros
-  // and the flag. If the reduced flag is not zero no rank writes an output,
-  // every rank reports SpeculationResult(false), and the tensors held go
-  // back through normal negotiation, on every rank alike.
+  // marked `speculative`. Before anything is written, every rank learns
+  // whether all ranks followed the schedule from the reduced divergence
+  // flag (FlagRidesAlong says how it travels). A rank that cannot follow the
+  // schedule (a tensor not in it, another shape, join, shutdown, autotuned
+  // values to send, or nothing for `hit_patience_`) runs the next response
+  // with `diverged` set: it raises the flag and sends nothing else. If the
+  // reduced flag is not zero no rank writes an output, every rank reports
+  // SpeculationResult(false), and the tensors held go back through normal
+  // negotiation, on every rank alike.
   static constexpr int kSpeculationRounds = 3;
   // Each fallback doubles the rounds needed to enter again, up to this (a
   // job alternating between two kinds of steps then tries rarely); a whole
   // schedule run without one brings them back to kSpeculationRounds.
   static constexpr int kSpeculationMaxRounds = 16;
-  // Single-tensor responses larger than this are not speculated:
-  // speculation reduces in the fusion buffer (outputs are written only once
-  // the flag says that all ranks agreed), which costs a single tensor two
-  // copies that the normal path does not make (it reduces from the input
-  // straight into the output); past a few MB they cost more than the round
-  // saved. A fused response is copied through the fusion buffer either way.
-  static constexpr int64_t kSpeculationMaxBytes = 4 << 20;
+  // Whether `r` may be run speculatively: allreduce, broadcast or allgather
+  // of host tensors (the flag must be read back at once, and a GPU plane may
+  // only queue its work).
+  static bool SpeculationEligible(const Response& r);
+  // How an eligible response carries the flag. True: as one extra element
+  // of the fusion buffer, reduced with the data in one data-plane call
+  // (float sums and averages, fused or small). False: in a one-element
+  // allreduce of its own, after which the collective runs as a negotiated
+  // one would, straight from the inputs into the outputs. The first saves a
+  // plane round; the second saves staging each tensor through the fusion
+  // buffer and back, which the normal path does only for fused responses.
+  static bool FlagRidesAlong(const Response& r);
+  // A single tensor larger than this sends the flag on its own: two copies
+  // of 64 KB cost about as much as a one-element round within a host.
+  static constexpr int64_t kFlagRidesMaxBytes = 64 << 10;
   // This rank's own veto (TFRING_SPECULATION=0, process sets other than the
   // global one): the round's AND makes it every rank's.
   void set_speculation_allowed(bool allowed) { speculation_allowed_ = allowed; }
@@ -91,8 +101,6 @@ class Controller {
     int64_t fallbacks = 0;  // speculative responses that some rank flagged
   };
   const SpeculationStats& speculation_stats() const { return spec_stats_; }
-  // Whether `r` may be run speculatively (an allreduce the flag can ride on).
-  static bool SpeculationEligible(const Response& r);
 
   // --- Coordinator logic, public so it can be tested without a transport.
   void Ingest(const RequestList& list, int from_rank);

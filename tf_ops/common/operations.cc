@@ -251,39 +251,6 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
   CompleteWhenDone(ps, std::move(mine), std::move(run));
 }
 
-// Runs a response the controller scheduled without negotiation. Returns
-// false, having written and completed nothing, when some rank raised the
-// divergence flag: the tensors stay queued and are negotiated again. Every
-// rank gets the same answer from the same reduced flag.
-bool PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
-  const size_t n = r.tensor_names.size();
-  std::vector<ReduceSlot> slots(n);
-  for (size_t i = 0; i < n; ++i) {
-    slots[i].count = r.tensor_sizes[i];
-    // A rank that diverged may lack some of them: it sends zeros anyway.
-    if (!r.diverged) ps.queue.Peek(r.tensor_names[i], &slots[i].input, &slots[i].output);
-  }
-  DataPlane* plane = nullptr;
-  Executor* executor = nullptr;
-  bool agreed = false;
-  Status s = Route(ps, CollectiveType::ALLREDUCE, kCpuDevice, TotalBytes(r), &plane, &executor);
-  if (s.ok()) {
-    auto phase = [&r](const std::string& what, Clock::time_point start) {
-      Phase(r.tensor_names, what, start);
-    };
-    s = RunSpeculativeAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
-                                r.postscale_factor, ps.size(), r.diverged, &agreed, phase);
-  }
-  if (s.ok() && !agreed) return false;
-  // Agreed, or the plane failed (then, as on the normal path, the tensors
-  // get its error; a broken transport stops the job anyway).
-  for (const auto& name : r.tensor_names) {
-    TensorTableEntry e;
-    if (ps.queue.Take(name, &e)) Complete(e, s);
-  }
-  return true;
-}
-
 // Allocates the entry's output; if that fails the rank still takes part in
 // the collective (through `scratch`) so the other ranks are not left waiting.
 // (Host memory: GPU outputs will need device scratch from their executor.)
@@ -487,6 +454,85 @@ void PerformOperation(ProcessSet& ps, const Response& r) {
   }
 }
 
+// A speculated allreduce whose divergence flag rides in the fusion buffer
+// (Controller::FlagRidesAlong); PerformSpeculative's contract.
+bool PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
+  const size_t n = r.tensor_names.size();
+  std::vector<ReduceSlot> slots(n);
+  for (size_t i = 0; i < n; ++i) {
+    slots[i].count = r.tensor_sizes[i];
+    // A rank that diverged may lack some of them: it sends zeros anyway.
+    if (!r.diverged) ps.queue.Peek(r.tensor_names[i], &slots[i].input, &slots[i].output);
+  }
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  bool agreed = false;
+  Status s = Route(ps, CollectiveType::ALLREDUCE, kCpuDevice, TotalBytes(r), &plane, &executor);
+  if (s.ok()) {
+    auto phase = [&r](const std::string& what, Clock::time_point start) {
+      Phase(r.tensor_names, what, start);
+    };
+    s = RunSpeculativeAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
+                                r.postscale_factor, ps.size(), r.diverged, &agreed, phase);
+  }
+  if (s.ok() && !agreed) return false;
+  // Agreed, or the plane failed (then, as on the normal path, the tensors
+  // get its error; a broken transport stops the job anyway).
+  for (const auto& name : r.tensor_names) {
+    TensorTableEntry e;
+    if (ps.queue.Take(name, &e)) Complete(e, s);
+  }
+  return true;
+}
+
+// Reduces the divergence flag on its own (a one-element allreduce on the
+// plane a tiny host allreduce takes): `agreed` is true when no rank raised it.
+Status AgreeOnSchedule(ProcessSet& ps, const Response& r, bool* agreed) {
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  TFRING_RETURN_IF_ERROR(
+      Route(ps, CollectiveType::ALLREDUCE, kCpuDevice, sizeof(float), &plane, &executor));
+  float flag = r.diverged ? 1.0f : 0.0f;
+  const auto start = Clock::now();
+  Status s = plane->Allreduce(&flag, &flag, 1, DataType::FLOAT32, ReduceOp::SUM);
+  Phase(r.tensor_names, "SPECULATION_FLAG", start);
+  if (s.in_progress()) return Status::Unknown("tfring: a speculation flag was queued");
+  TFRING_RETURN_IF_ERROR(s);
+  *agreed = flag == 0.0f;
+  return Status::OK();
+}
+
+// Runs a response the controller scheduled without negotiation. Returns
+// false, having written and completed nothing, when some rank raised the
+// divergence flag: the tensors stay queued and are negotiated again. Every
+// rank gets the same answer from the same reduced flag. Adds to `waited`
+// the time until the flag was known, which stands for the negotiation round
+// that speculation skipped (when the flag rides along, the whole run).
+bool PerformSpeculative(ProcessSet& ps, const Response& r, Clock::duration* waited) {
+  const auto start = Clock::now();
+  if (Controller::FlagRidesAlong(r)) {
+    const bool agreed = PerformSpeculativeAllreduce(ps, r);
+    *waited += Clock::now() - start;
+    return agreed;
+  }
+  bool agreed = false;
+  const Status s = AgreeOnSchedule(ps, r, &agreed);
+  *waited += Clock::now() - start;
+  if (s.ok() && !agreed) return false;
+  if (s.ok()) {
+    // Every rank agreed: the collective is the negotiated one it was cached as.
+    PerformOperation(ps, r);
+    return true;
+  }
+  // As on the normal path the tensors get the plane's error; a broken
+  // transport stops the job anyway.
+  for (const auto& name : r.tensor_names) {
+    TensorTableEntry e;
+    if (ps.queue.Take(name, &e)) Complete(e, s);
+  }
+  return true;
+}
+
 // --- The background loop ---------------------------------------------------
 
 // Bytes reduced by a cycle's responses: autotune's measure of progress.
@@ -573,13 +619,13 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       // Every rank stops at the same flagged response; the rest of the
       // list was handed out on this rank only.
       if (fell_back) continue;
-      const auto start = Clock::now();
-      const bool agreed = PerformSpeculativeAllreduce(*ps, r);
-      ps->controller->SpeculationResult(agreed);
-      fell_back = !agreed;
       // Time spent waiting in the plane for a peer is what a negotiation
       // round would have waited: it says whether the ranks run in step.
-      if (ps->id == kGlobalProcessSetId) *negotiation += Clock::now() - start;
+      Clock::duration waited{};
+      const bool agreed = PerformSpeculative(*ps, r, &waited);
+      ps->controller->SpeculationResult(agreed);
+      fell_back = !agreed;
+      if (ps->id == kGlobalProcessSetId) *negotiation += waited;
     }
     *executed += static_cast<int>(responses.responses.size());
     *executed += ps->in_flight.Poll();
@@ -1121,9 +1167,11 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
         CheckAlltoallArguments(entry, static_cast<int>(ps->ranks.size()), st.topo.rank));
   }
   if (st.timeline.enabled()) st.timeline.NegotiateStart(entry.name, CollectiveName(entry.type));
-  // Only host allreduces, ready now, can be speculated.
-  const bool may_inline = entry.type == CollectiveType::ALLREDUCE && entry.device == kCpuDevice &&
-                          !entry.ready_event;
+  // Only host tensors, ready now, can be speculated (Controller::SpeculationEligible).
+  const bool may_inline = (entry.type == CollectiveType::ALLREDUCE ||
+                           entry.type == CollectiveType::BROADCAST ||
+                           entry.type == CollectiveType::ALLGATHER) &&
+                          entry.device == kCpuDevice && !entry.ready_event;
   TFRING_RETURN_IF_ERROR(ps->queue.Add(std::move(entry), ps->rank));
   lock.unlock();
   if (!(may_inline && DriveInline(*ps))) WakeBackground();

@@ -763,11 +763,11 @@ static void TestSpeculationDetector() {
     for (const auto& r : res) CHECK(r.steps_done == steps.size() && AllCollective(r));
   }
   {
-    // Ineligible responses (an integer allreduce, a broadcast) keep it off.
+    // An ineligible response (a reducescatter) keeps it off.
     std::vector<Batches> steps;
     for (int i = 0; i < 10; ++i) {
-      steps.push_back({{Req(0, "i", CollectiveType::ALLREDUCE, DataType::INT32)}});
-      steps.push_back({{Req(0, "bc", CollectiveType::BROADCAST)}});
+      steps.push_back({{Req(0, "a")}});
+      steps.push_back({{Req(0, "rs", CollectiveType::REDUCESCATTER)}});
     }
     auto res = RunSpeculativeJob({SpecScript{steps}, SpecScript{steps}}, true);
     for (const auto& r : res) {
@@ -775,28 +775,70 @@ static void TestSpeculationDetector() {
       CHECK(r.stats.entered == 0);
     }
   }
+  {
+    // Broadcasts, allgathers and allreduces of any type and op are
+    // speculated too (their flag travels on its own).
+    std::vector<Batches> steps;
+    for (int i = 0; i < 12; ++i) {
+      steps.push_back({{Req(0, "i", CollectiveType::ALLREDUCE, DataType::INT32)}});
+      steps.push_back({{Req(0, "bc", CollectiveType::BROADCAST)}});
+      steps.push_back({{Req(0, "ag", CollectiveType::ALLGATHER)}});
+    }
+    for (int n : {2, 3}) {
+      auto res = RunSpeculativeJob(std::vector<SpecScript>(n, SpecScript{steps}), true);
+      for (const auto& r : res) {
+        CHECK(r.steps_done == steps.size() && AllCollective(r));
+        CHECK(r.stats.entered >= 1);
+        CHECK(r.stats.responses >= 12);
+        CHECK(r.runs.at("bc") == 12 && r.runs.at("ag") == 12);
+        CHECK(r.responses.at("bc").collective == CollectiveType::BROADCAST);
+        CHECK(r.responses.at("ag").collective == CollectiveType::ALLGATHER);
+      }
+    }
+  }
   Response r;
   r.tensor_names = {"x"};
   r.tensor_sizes = {4};
   r.devices = {kCpuDevice, kCpuDevice};
-  CHECK(Controller::SpeculationEligible(r));
+  CHECK(Controller::SpeculationEligible(r) && Controller::FlagRidesAlong(r));
   r.reduce_op = ReduceOp::AVERAGE;
-  CHECK(Controller::SpeculationEligible(r));
+  CHECK(Controller::SpeculationEligible(r) && Controller::FlagRidesAlong(r));
+  // Other ops and types cannot carry the flag in their data.
   r.reduce_op = ReduceOp::MAX;
-  CHECK(!Controller::SpeculationEligible(r));
+  CHECK(Controller::SpeculationEligible(r) && !Controller::FlagRidesAlong(r));
   r.reduce_op = ReduceOp::SUM;
   r.dtype = DataType::FLOAT16;
-  CHECK(!Controller::SpeculationEligible(r));
+  CHECK(Controller::SpeculationEligible(r) && !Controller::FlagRidesAlong(r));
   r.dtype = DataType::FLOAT64;
   r.devices = {kCpuDevice, 0};
   CHECK(!Controller::SpeculationEligible(r));
   r.devices = {kCpuDevice, kCpuDevice};
-  r.tensor_sizes = {Controller::kSpeculationMaxBytes};
-  CHECK(!Controller::SpeculationEligible(r));  // float64: twice the bytes
+  // A large single tensor skips the fusion buffer's copies; float64: twice
+  // the bytes.
+  r.tensor_sizes = {Controller::kFlagRidesMaxBytes / 8};
+  CHECK(Controller::FlagRidesAlong(r));
+  r.tensor_sizes = {Controller::kFlagRidesMaxBytes / 8 + 1};
+  CHECK(Controller::SpeculationEligible(r) && !Controller::FlagRidesAlong(r));
   // A fused response pays the fusion buffer's copies on the normal path too.
   r.tensor_names = {"x", "y"};
-  r.tensor_sizes = {Controller::kSpeculationMaxBytes, 4};
-  CHECK(Controller::SpeculationEligible(r));
+  r.tensor_sizes = {Controller::kFlagRidesMaxBytes, 4};
+  CHECK(Controller::FlagRidesAlong(r));
+  r.collective = CollectiveType::BROADCAST;
+  CHECK(!Controller::SpeculationEligible(r));  // one tensor per broadcast
+  r.tensor_names = {"x"};
+  r.tensor_sizes = {4};
+  CHECK(Controller::SpeculationEligible(r) && !Controller::FlagRidesAlong(r));
+  r.collective = CollectiveType::ALLGATHER;
+  r.tensor_sizes = {4, 2};  // each rank's first dimension
+  CHECK(Controller::SpeculationEligible(r) && !Controller::FlagRidesAlong(r));
+  for (CollectiveType t : {CollectiveType::ALLTOALL, CollectiveType::REDUCESCATTER,
+                           CollectiveType::BARRIER, CollectiveType::JOIN}) {
+    r.collective = t;
+    CHECK(!Controller::SpeculationEligible(r));
+  }
+  r.collective = CollectiveType::ALLREDUCE;
+  r.type = ResponseType::ERROR;
+  CHECK(!Controller::SpeculationEligible(r));
 }
 
 static void TestSpeculationFallback() {
