@@ -26,6 +26,14 @@ output (each rank contributes bytes/np); for allreduce and broadcast it is
 the tensor's size. algbw = bytes / time; busbw = algbw * 2(n-1)/n (allreduce),
 * (n-1)/n (allgather), * 1 (broadcast). ratio = tfring busbw / mpi4py busbw.
 
+Each iteration also times TF's own floor, a ``tf.function`` that returns
+``tf.identity`` of the same input: what any TF op pays per call here (on a
+2-core machine about 0.2-0.35 ms, more than mpi4py needs for a whole 1 MB
+allreduce). ``--chain K`` measures per op instead: one ``tf.function`` runs K
+collectives, each consuming the last one's output (allgather: the first
+rank's share of it), against K mpi4py calls that do the same, so TF's call
+cost is spread over K ops; times are then per op.
+
 Rank 0 prints a table and appends one JSON line per (collective, size) to
 ``--out``, with the TFRING_*/MPIR_CVAR_* environment it ran under (set
 TFRING_CPU_OPERATIONS=mpi|shm|ring|auto to force a data plane).
@@ -76,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--min-iters", type=int, default=3)
     p.add_argument("--label", help="name of this configuration in the results "
                                    "(default: TFRING_CPU_OPERATIONS or 'auto')")
+    p.add_argument("--chain", type=int, default=1,
+                   help="collectives per call, each consuming the last one's output; "
+                        "times are per op (default 1: one per call)")
     p.add_argument("--intra-op-threads", type=int, default=1,
                    help="TF intra-op threads per rank (0 = TF's default)")
     return p.parse_args(argv)
@@ -110,12 +121,16 @@ def main(argv=None):
             sys.exit(f"unknown collective {c!r}; choose from {COLLECTIVES}")
     env = bc.recorded_env()
     label = args.label or env.get("TFRING_CPU_OPERATIONS", "auto")
+    if args.chain < 1:
+        sys.exit("--chain must be at least 1")
+    if args.chain > 1 and not args.label:
+        label += f"-chain{args.chain}"
 
     def log(msg):
         if rank == 0:
             print(msg, flush=True)
 
-    log(f"collectives: np={n} label={label} env={env}")
+    log(f"collectives: np={n} label={label} chain={args.chain} env={env}")
     log(f"{'collective':<10} {'size':>6} | {'tfring':>10} {'busbw':>7} | "
         f"{'mpi4py':>10} {'busbw':>7} | ratio (GB/s; ratio = tfring/mpi4py busbw)")
 
@@ -130,32 +145,55 @@ def main(argv=None):
             name = f"bench_{coll}_{nominal}"
             x = tf.fill([count], float(rank + 1))
             a = np.full(count, float(rank + 1), np.float32)
+            chain = args.chain
             if coll == "allreduce":
-                fn = tf.function(lambda t, name=name: hvd.allreduce(t, op=hvd.Sum, name=name))
+                def body(t, k, name=name):
+                    return hvd.allreduce(t, op=hvd.Sum, name=f"{name}_{k}")
                 b = np.empty_like(a)
-                want_first = want_last = float(n * (n + 1) // 2)
+                s_ = float(n * (n + 1) // 2)
+                want_first = want_last = s_ * float(n) ** (chain - 1)
 
                 def mpi_op(a=a, b=b):
-                    comm.Allreduce(a, b, op=MPI.SUM)
+                    src, dst = a, b
+                    for _ in range(chain):
+                        comm.Allreduce(src, dst, op=MPI.SUM)
+                        src, dst = dst, src
             elif coll == "allgather":
-                fn = tf.function(lambda t, name=name: hvd.allgather(t, name=name))
+                def body(t, k, name=name, count=count):
+                    out = hvd.allgather(t, name=f"{name}_{k}")
+                    # The next link gathers the first rank's share (all 1.0).
+                    return out if k == chain - 1 else out[:count]
                 b = np.empty(count * n, np.float32)
-                want_first, want_last = 1.0, float(n)
+                b2 = np.empty_like(b) if chain > 1 else b
+                want_first, want_last = 1.0, (float(n) if chain == 1 else 1.0)
 
-                def mpi_op(a=a, b=b):
-                    comm.Allgather(a, b)
+                def mpi_op(a=a, b=b, b2=b2, count=count):
+                    # MPI forbids gathering into the buffer that is sent.
+                    src, dst, spare = a, b, b2
+                    for _ in range(chain):
+                        comm.Allgather(src, dst)
+                        src, dst, spare = dst[:count], spare, dst
             else:
-                fn = tf.function(lambda t, name=name: hvd.broadcast(t, root_rank=0, name=name))
+                def body(t, k, name=name):
+                    return hvd.broadcast(t, root_rank=0, name=f"{name}_{k}")
                 b = None
                 want_first = want_last = 1.0
 
                 def mpi_op(a=a):
-                    comm.Bcast(a, root=0)
+                    for _ in range(chain):
+                        comm.Bcast(a, root=0)
+
+            def links(t, body=body):
+                for k in range(chain):
+                    t = body(t, k)
+                return t
+            fn = tf.function(links)
+            floor_fn = tf.function(tf.identity)
 
             warmup, timed = iterations(nominal, args.quick)
             warmup = args.warmup if args.warmup is not None else warmup
             timed = args.iters or timed
-            t_tf, t_mpi = [], []
+            t_tf, t_mpi, t_floor = [], [], []
             began = time.perf_counter()
             for i in range(warmup + timed):
                 if i >= warmup + args.min_iters:
@@ -179,13 +217,17 @@ def main(argv=None):
                 start = time.perf_counter()
                 mpi_op()
                 m = time.perf_counter() - start
+                start = time.perf_counter()
+                floor_fn(x)
+                f = time.perf_counter() - start
                 if i >= warmup:
-                    t_tf.append(t)
-                    t_mpi.append(m)
+                    t_tf.append(t / chain)
+                    t_mpi.append(m / chain)
+                    t_floor.append(f / chain)
             # An iteration takes as long as its slowest rank.
             all_tf = comm.gather(t_tf, root=0)
             all_mpi = comm.gather(t_mpi, root=0)
-            del x, a, b, fn
+            del x, a, b, fn, floor_fn
             if rank != 0:
                 continue
             slow_tf = [max(ts) for ts in zip(*all_tf)]
@@ -200,6 +242,9 @@ def main(argv=None):
                 "tfring_rank0_median": bc.summary(all_tf[0])["median"],
                 "mpi4py_rank0_median": bc.summary(all_mpi[0])["median"],
                 "tfring_s": s_tf["median"], "mpi4py_s": s_mpi["median"],
+                "chain": args.chain,
+                # TF's own call cost (tf.identity in a tf.function), rank 0, per op.
+                "tf_floor_s": bc.summary(t_floor)["median"],
                 "tfring_algbw": nbytes / s_tf["median"] / 1e9,
                 "mpi4py_algbw": nbytes / s_mpi["median"] / 1e9,
                 "busbw_factor": factor,
@@ -210,7 +255,8 @@ def main(argv=None):
             bc.append_jsonl(args.out, [rec])
             log(f"{coll:<10} {bc.human_size(nominal):>6} | {bc.human_time(s_tf['median']):>10} "
                 f"{rec['tfring_busbw']:7.3f} | {bc.human_time(s_mpi['median']):>10} "
-                f"{rec['mpi4py_busbw']:7.3f} | {rec['ratio']:5.2f}x")
+                f"{rec['mpi4py_busbw']:7.3f} | {rec['ratio']:5.2f}x | "
+                f"TF floor {bc.human_time(rec['tf_floor_s'])}")
     comm.Barrier()
     hvd.shutdown()
 

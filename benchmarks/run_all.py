@@ -150,6 +150,9 @@ def run_small(r, quick):
           {"TFRING_CACHE_CAPACITY": "0"})
 
 
+CHAIN = 10
+
+
 def run_collectives(r, quick, nps, planes, max_bytes):
     r.clear("collectives")
     for np_ in nps:
@@ -162,6 +165,16 @@ def run_collectives(r, quick, nps, planes, max_bytes):
             env = {} if plane == "auto" else {"TFRING_CPU_OPERATIONS": plane}
             r.run(f"collectives_np{np_}_{plane}", np_, 240 if quick else 600,
                   "collectives.py", args, env)
+        # Per op, with TF's per-call cost spread over a chain (issue 10's
+        # 1 MB, broadcast and allgather rows are also read this way).
+        args = ["--out", r.out("collectives"), "--chain", str(CHAIN),
+                "--sizes", "1M" if quick else "1M,4M,16M,64M"]
+        if quick:
+            args.append("--quick")
+        if max_bytes:
+            args += ["--max-bytes", max_bytes]
+        r.run(f"collectives_np{np_}_chain{CHAIN}", np_, 240 if quick else 600,
+              "collectives.py", args, {})
 
 
 def run_training(r, quick, seconds, reps):
