@@ -192,6 +192,14 @@ void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, Run
   });
 }
 
+// Completes those of `names` this rank has queued with `s`.
+void CompleteQueued(ProcessSet& ps, const std::vector<std::string>& names, const Status& s) {
+  for (const auto& name : names) {
+    TensorTableEntry e;
+    if (ps.queue.Take(name, &e)) Complete(e, s);
+  }
+}
+
 // The plane and executor for a collective of `bytes` on `device`.
 Status Route(ProcessSet& ps, CollectiveType type, int32_t device, int64_t bytes, DataPlane** plane,
              Executor** executor) {
@@ -425,11 +433,7 @@ void PerformRemoveProcessSet(ProcessSet& global, const Response& r) {
 
 void PerformOperation(ProcessSet& ps, const Response& r) {
   if (r.type == ResponseType::ERROR) {
-    for (const auto& name : r.tensor_names) {
-      TensorTableEntry e;
-      if (ps.queue.Take(name, &e)) Complete(e, Status::PreconditionError(r.error_message));
-    }
-    return;
+    return CompleteQueued(ps, r.tensor_names, Status::PreconditionError(r.error_message));
   }
   switch (r.collective) {
     case CollectiveType::ALLREDUCE: PerformAllreduce(ps, r); break;
@@ -478,10 +482,7 @@ bool PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
   if (s.ok() && !agreed) return false;
   // Agreed, or the plane failed (then, as on the normal path, the tensors
   // get its error; a broken transport stops the job anyway).
-  for (const auto& name : r.tensor_names) {
-    TensorTableEntry e;
-    if (ps.queue.Take(name, &e)) Complete(e, s);
-  }
+  CompleteQueued(ps, r.tensor_names, s);
   return true;
 }
 
@@ -526,10 +527,7 @@ bool PerformSpeculative(ProcessSet& ps, const Response& r, Clock::duration* wait
   }
   // As on the normal path the tensors get the plane's error; a broken
   // transport stops the job anyway.
-  for (const auto& name : r.tensor_names) {
-    TensorTableEntry e;
-    if (ps.queue.Take(name, &e)) Complete(e, s);
-  }
+  CompleteQueued(ps, r.tensor_names, s);
   return true;
 }
 
