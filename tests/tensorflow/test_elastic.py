@@ -185,3 +185,51 @@ def test_keras_state_builds_an_unbuilt_optimizer_so_its_slots_are_synced():
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert "SLOTS 2 " in result.stdout, result.stdout + result.stderr
+
+
+class _CoreAfterAPeerDied:
+    """The core as a survivor sees it just after a collective failed on a lost
+    peer: the background thread ends the job `after_s` later (never: None)."""
+
+    def __init__(self, after_s):
+        import time
+        self._time = time
+        self._at = None if after_s is None else time.monotonic() + after_s
+
+    def communication_broken(self):
+        return self._at is not None and self._time.monotonic() >= self._at
+
+    def is_initialized(self):
+        return True
+
+
+def _judge(monkeypatch, error, after_s, **kwargs):
+    import time
+
+    from tfring.common import basics
+    from tfring.tensorflow import elastic
+    monkeypatch.setattr(basics, "_core", lambda: _CoreAfterAPeerDied(after_s))
+    start = time.monotonic()
+    verdict = elastic._is_internal_error(error, **kwargs)
+    return verdict, time.monotonic() - start
+
+
+def test_an_aborted_collective_waits_for_the_verdict_that_a_peer_is_lost(monkeypatch):
+    # The op ran on the submitting thread and failed before the background
+    # thread stopped the job: still a lost peer (rolled back), not the
+    # script's error (which would end the job).
+    import tensorflow as tf
+    lost = tf.errors.AbortedError(None, None, "tfring: rank 1 left the shared-memory data plane")
+    verdict, took = _judge(monkeypatch, lost, 0.2)
+    assert verdict and took >= 0.15
+
+
+def test_errors_that_are_not_lost_peers_are_judged_the_scripts_own(monkeypatch):
+    import tensorflow as tf
+    mismatch = tf.errors.FailedPreconditionError(None, None, "Mismatched ALLREDUCE tensor shapes")
+    verdict, took = _judge(monkeypatch, mismatch, 0.2)
+    assert not verdict and took < 0.1  # at once: only an abort can be a lost peer
+    aborted = tf.errors.AbortedError(None, None, "an abort the job survives")
+    verdict, took = _judge(monkeypatch, aborted, None, wait_s=0.3)
+    assert not verdict and took >= 0.3
+    assert not _judge(monkeypatch, ValueError("the script's own"), 0.0)[0]

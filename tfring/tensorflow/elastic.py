@@ -18,6 +18,7 @@ Example::
     train(state)
 """
 import copy
+import time
 
 import tensorflow as tf
 
@@ -31,13 +32,28 @@ __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasSta
            "HorovodInternalError", "HostsUpdatedInterrupt"]
 
 
-def _is_internal_error(exc):
+# A collective that fails because a peer is gone can reach the script just
+# before the background thread, which ends the job on that failure, has done
+# so: when the op ran on the submitting thread (speculation, inline) the
+# background thread may be asleep for a cycle. An AbortedError (what a
+# communication failure raises) waits this long for that verdict before it
+# counts as the script's own error; other errors are judged at once.
+_VERDICT_WAIT_S = 10.0
+
+
+def _is_internal_error(exc, wait_s=_VERDICT_WAIT_S):
     """A lost peer: a collective failed because communication broke, or the
     job could not re-form (the start-up of a round failed)."""
     if not isinstance(exc, tf.errors.OpError):
         return False
     core = basics._core()
-    return bool(core.communication_broken()) or not core.is_initialized()
+    deadline = time.monotonic() + (wait_s if isinstance(exc, tf.errors.AbortedError) else 0.0)
+    while True:
+        if core.communication_broken() or not core.is_initialized():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
 
 
 def _broadcast(variables):
