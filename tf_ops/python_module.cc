@@ -104,6 +104,7 @@ PYBIND11_MODULE(_tfring_ops, m) {
     d["entered"] = p.speculation.entered;
     d["responses"] = p.speculation.responses;
     d["fallbacks"] = p.speculation.fallbacks;
+    d["failures"] = p.speculation.failures;
     d["inline"] = p.speculation.inline_responses;
     return d;
   });

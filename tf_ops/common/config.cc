@@ -87,15 +87,7 @@ Config Config::FromEnvironment() {
   if (const char* v = GetConfigEnv("SHM_SINGLE_COPY")) c.shm_single_copy = ParseBool(v);
   if (const char* v = GetConfigEnv("SHM_SINGLE_COPY_MIN_BYTES"))
     c.shm_single_copy_min_bytes = std::atoll(v);
-  if (const char* v = GetConfigEnv("SPECULATION")) {
-    c.speculation = ParseBool(v);
-  } else if (!c.rendezvous_scope.empty()) {
-    // Elastic rounds leave speculation off unless it is asked for: with it
-    // on, the survivors of a lost worker often failed again on their first
-    // collective of the next round (test_elastic.py's killed-worker test),
-    // naming the lost worker; not yet understood.
-    c.speculation = false;
-  }
+  if (const char* v = GetConfigEnv("SPECULATION")) c.speculation = ParseBool(v);
   if (const char* v = GetConfigEnv("SPECULATION_INLINE")) c.speculation_inline = ParseBool(v);
   if (c.heartbeat_seconds <= 0) c.heartbeat_seconds = 1.0;
   if (c.start_timeout_s <= 0) c.start_timeout_s = 30.0;

@@ -353,9 +353,9 @@ Status Controller::SpeculativeCycle(const RequestList& mine, ResponseList* out) 
   return Status::OK();
 }
 
-void Controller::SpeculationResult(bool agreed) {
+void Controller::SpeculationResult(SpeculationOutcome outcome) {
   if (!speculating_ || running_.empty()) return;
-  if (agreed) {
+  if (outcome == SpeculationOutcome::AGREED) {
     running_.pop_front();
     ++spec_stats_.responses;
     // A whole pass ran without a fallback: the job is steady again. (Counted
@@ -363,10 +363,16 @@ void Controller::SpeculationResult(bool agreed) {
     if (++agreed_since_entry_ >= schedule_.size()) required_rounds_ = kSpeculationRounds;
     return;
   }
-  ++spec_stats_.fallbacks;
-  TFRING_LOG(DEBUG) << "speculation: a rank left the schedule; negotiating again";
-  // The flagged response and everything after it is negotiated afresh, in
-  // the order it was handed out, then what was held.
+  if (outcome == SpeculationOutcome::FAILED) {
+    running_.pop_front();  // its tensors are done, with the plane's error
+    ++spec_stats_.failures;
+    TFRING_LOG(DEBUG) << "speculation: the data plane failed; negotiating again";
+  } else {
+    ++spec_stats_.fallbacks;
+    TFRING_LOG(DEBUG) << "speculation: a rank left the schedule; negotiating again";
+  }
+  // The rest of what was handed out (for FLAGGED, the response itself too)
+  // is negotiated afresh, in the order it was handed out, then what was held.
   std::vector<Request> back;
   for (auto& reqs : running_)
     for (auto& r : reqs) back.push_back(std::move(r));
@@ -382,7 +388,10 @@ void Controller::SpeculationResult(bool agreed) {
   schedule_.clear();
   schedule_index_.clear();
   ResetDetector();
-  required_rounds_ = std::min(required_rounds_ * 2, kSpeculationMaxRounds);
+  // A job that keeps leaving the schedule tries less often; a plane failure
+  // says nothing about the schedule.
+  if (outcome == SpeculationOutcome::FLAGGED)
+    required_rounds_ = std::min(required_rounds_ * 2, kSpeculationMaxRounds);
 }
 
 void Controller::UpdateCache(const ResponseList& negotiated) {

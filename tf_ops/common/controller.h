@@ -26,6 +26,13 @@
 
 namespace tfring {
 
+// How a speculative response ended (Controller::SpeculationResult).
+enum class SpeculationOutcome {
+  AGREED,   // no rank raised the divergence flag; the collective ran
+  FLAGGED,  // some rank raised it; nothing was written anywhere
+  FAILED,   // the data plane failed; the response's tensors got its error
+};
+
 class Controller {
  public:
   // `global_ranks[i]` is the job-wide rank of set rank i (used in messages).
@@ -91,14 +98,19 @@ class Controller {
   // global one): the round's AND makes it every rank's.
   void set_speculation_allowed(bool allowed) { speculation_allowed_ = allowed; }
   bool speculating() const { return speculating_; }
-  // Called once per speculative response run, in order: `agreed` is false
-  // when some rank raised the divergence flag. The responses after a failed
-  // one in the same list must not run.
-  void SpeculationResult(bool agreed);
+  // Called once per speculative response run, in order. The responses after
+  // one that did not agree, in the same list, must not run. FLAGGED sends
+  // the response's tensors and everything held back through negotiation.
+  // FAILED does the same for all but the response's own tensors, which are
+  // done (with the plane's error): speculation never talks to the
+  // controller's transport, so only a negotiation can find out that a peer
+  // is gone and stop the job as broken (elastic mode depends on that).
+  void SpeculationResult(SpeculationOutcome outcome);
   struct SpeculationStats {
     int64_t entered = 0;    // times speculative mode was entered
     int64_t responses = 0;  // speculative responses run and agreed
     int64_t fallbacks = 0;  // speculative responses that some rank flagged
+    int64_t failures = 0;   // speculative responses whose data plane failed
   };
   const SpeculationStats& speculation_stats() const { return spec_stats_; }
 

@@ -460,7 +460,7 @@ void PerformOperation(ProcessSet& ps, const Response& r) {
 
 // A speculated allreduce whose divergence flag rides in the fusion buffer
 // (Controller::FlagRidesAlong); PerformSpeculative's contract.
-bool PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
+SpeculationOutcome PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
   const size_t n = r.tensor_names.size();
   std::vector<ReduceSlot> slots(n);
   for (size_t i = 0; i < n; ++i) {
@@ -479,11 +479,11 @@ bool PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
     s = RunSpeculativeAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
                                 r.postscale_factor, ps.size(), r.diverged, &agreed, phase);
   }
-  if (s.ok() && !agreed) return false;
-  // Agreed, or the plane failed (then, as on the normal path, the tensors
-  // get its error; a broken transport stops the job anyway).
+  if (s.ok() && !agreed) return SpeculationOutcome::FLAGGED;
+  // Agreed, or the plane failed: then, as on the normal path, the tensors
+  // get its error.
   CompleteQueued(ps, r.tensor_names, s);
-  return true;
+  return s.ok() ? SpeculationOutcome::AGREED : SpeculationOutcome::FAILED;
 }
 
 // Reduces the divergence flag on its own (a one-element allreduce on the
@@ -504,31 +504,34 @@ Status AgreeOnSchedule(ProcessSet& ps, const Response& r, bool* agreed) {
 }
 
 // Runs a response the controller scheduled without negotiation. Returns
-// false, having written and completed nothing, when some rank raised the
+// FLAGGED, having written and completed nothing, when some rank raised the
 // divergence flag: the tensors stay queued and are negotiated again. Every
-// rank gets the same answer from the same reduced flag. Adds to `waited`
-// the time until the flag was known, which stands for the negotiation round
-// that speculation skipped (when the flag rides along, the whole run).
-bool PerformSpeculative(ProcessSet& ps, const Response& r, Clock::duration* waited) {
+// rank gets the same answer from the same reduced flag. FAILED: the plane
+// failed before the flag was known, and the tensors got its error. Adds to
+// `waited` the time until the flag was known, which stands for the
+// negotiation round that speculation skipped (when the flag rides along,
+// the whole run).
+SpeculationOutcome PerformSpeculative(ProcessSet& ps, const Response& r,
+                                      Clock::duration* waited) {
   const auto start = Clock::now();
   if (Controller::FlagRidesAlong(r)) {
-    const bool agreed = PerformSpeculativeAllreduce(ps, r);
+    const SpeculationOutcome outcome = PerformSpeculativeAllreduce(ps, r);
     *waited += Clock::now() - start;
-    return agreed;
+    return outcome;
   }
   bool agreed = false;
   const Status s = AgreeOnSchedule(ps, r, &agreed);
   *waited += Clock::now() - start;
-  if (s.ok() && !agreed) return false;
+  if (s.ok() && !agreed) return SpeculationOutcome::FLAGGED;
   if (s.ok()) {
-    // Every rank agreed: the collective is the negotiated one it was cached as.
+    // Every rank agreed: the collective is the negotiated one it was cached
+    // as. (Should its plane fail, the next flag fails on it too.)
     PerformOperation(ps, r);
-    return true;
+    return SpeculationOutcome::AGREED;
   }
-  // As on the normal path the tensors get the plane's error; a broken
-  // transport stops the job anyway.
+  // As on the normal path the tensors get the plane's error.
   CompleteQueued(ps, r.tensor_names, s);
-  return true;
+  return SpeculationOutcome::FAILED;
 }
 
 // --- The background loop ---------------------------------------------------
@@ -620,9 +623,9 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       // Time spent waiting in the plane for a peer is what a negotiation
       // round would have waited: it says whether the ranks run in step.
       Clock::duration waited{};
-      const bool agreed = PerformSpeculative(*ps, r, &waited);
-      ps->controller->SpeculationResult(agreed);
-      fell_back = !agreed;
+      const SpeculationOutcome outcome = PerformSpeculative(*ps, r, &waited);
+      ps->controller->SpeculationResult(outcome);
+      fell_back = outcome != SpeculationOutcome::AGREED;
       if (ps->id == kGlobalProcessSetId) *negotiation += waited;
     }
     *executed += static_cast<int>(responses.responses.size());
@@ -642,6 +645,7 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       st.spec_stats.entered = c.entered;
       st.spec_stats.responses = c.responses;
       st.spec_stats.fallbacks = c.fallbacks;
+      st.spec_stats.failures = c.failures;
     }
     if (ps->id == kGlobalProcessSetId && responses.shutdown) {
       *why = Status::Aborted("tfring has been shut down: " + responses.shutdown_reason +

@@ -69,11 +69,13 @@ std::vector<int32_t> ProcessSetIds();
 
 // The values in force now (autotune may change them; all ranks agree).
 // The global set's speculation (controller.h): times entered, responses run
-// without negotiation, and fallbacks. Counted since init(), on this rank.
+// without negotiation, fallbacks (a rank diverged) and failures (the data
+// plane failed). Counted since init(), on this rank.
 struct SpeculationCounters {
   int64_t entered = 0;
   int64_t responses = 0;
   int64_t fallbacks = 0;
+  int64_t failures = 0;
   // Responses run by the submitting thread itself (TFRING_SPECULATION_INLINE).
   int64_t inline_responses = 0;
 };

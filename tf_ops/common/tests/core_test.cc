@@ -608,6 +608,9 @@ struct SpecScript {
   std::vector<Batches> steps;
   size_t shutdown_at = SIZE_MAX;
   size_t stop_at = SIZE_MAX;
+  // The data plane fails in this rank's k-th speculative response (counted
+  // from 0), after its flag went round: the tensors complete with an error.
+  size_t fail_speculative_at = SIZE_MAX;
 };
 struct SpecResult {
   size_t steps_done = 0;
@@ -618,6 +621,7 @@ struct SpecResult {
   int bit_rounds_to_finish = -1;  // bit rounds until the script was done
   bool shutdown = false, join_done = false;
   std::vector<std::string> stalled;  // the coordinator's stalled tensors at the end
+  bool negotiated_after_failure = false;  // the cycle after a failed response
 };
 
 // Runs until every rank has done `cycles` negotiated cycles (speculative
@@ -644,8 +648,12 @@ static std::vector<SpecResult> RunSpeculativeJob(const std::vector<SpecScript>& 
       size_t batch = 0;
       std::vector<std::string> waiting;
       int normal = 0;
+      size_t speculative_runs = 0;
+      bool after_failure = false;
       while (normal < cycles) {
         const bool speculative_cycle = c.speculating();
+        if (after_failure) res.negotiated_after_failure = !speculative_cycle;
+        after_failure = false;
         RequestList mine;
         const size_t step = res.steps_done;
         if (step >= script.shutdown_at) {
@@ -668,11 +676,17 @@ static std::vector<SpecResult> RunSpeculativeJob(const std::vector<SpecScript>& 
             if (fell_back) continue;
             const bool agreed = c.RunFlag(r.diverged);
             CHECK(!(agreed && r.diverged));
-            c.SpeculationResult(agreed);
+            const bool failed = !r.diverged && speculative_runs++ == script.fail_speculative_at;
+            c.SpeculationResult(failed    ? SpeculationOutcome::FAILED
+                                : agreed ? SpeculationOutcome::AGREED
+                                         : SpeculationOutcome::FLAGGED);
             if (!agreed) {
               fell_back = true;
               continue;
             }
+            // A failed response's tensors are done (with the error); nothing
+            // after it in this list runs.
+            fell_back = after_failure = failed;
           }
           if (r.collective == CollectiveType::JOIN && r.type == ResponseType::COLLECTIVE) {
             res.join_done = true;
@@ -912,6 +926,26 @@ static void TestSpeculationFallback() {
         CHECK(res[k].stats.fallbacks == 1);
         CHECK(res[k].stats.responses >= reps * 3 - 3 * (Controller::kSpeculationRounds + 1) - 3);
       }
+    }
+  }
+}
+
+static void TestSpeculationPlaneFailure() {
+  // The plane fails in a speculative response on every rank (as a dead peer
+  // makes it): its tensors are done, with the error, and are not run again;
+  // the next cycle negotiates, where a real transport would find the lost
+  // peer; a healthy job goes back to speculating.
+  const int reps = 24;
+  for (int n : {2, 3}) {
+    SpecScript script{Chain({"a", "b", "c"}, reps)};
+    script.fail_speculative_at = 4;
+    auto res = RunSpeculativeJob(std::vector<SpecScript>(n, script), true);
+    for (const auto& r : res) {
+      CHECK(r.steps_done == script.steps.size() && AllCollective(r));
+      CHECK(r.runs.at("a") == reps && r.runs.at("b") == reps && r.runs.at("c") == reps);
+      CHECK(r.stats.failures == 1);
+      CHECK(r.negotiated_after_failure);
+      CHECK(r.stats.entered >= 2);
     }
   }
 }
@@ -1754,6 +1788,7 @@ int main() {
   TestSpeculativeAllreduce();
   TestSpeculationDetector();
   TestSpeculationFallback();
+  TestSpeculationPlaneFailure();
   TestSpeculationMismatchError();
   TestSpeculationJoinShutdownStall();
   TestResponseCache();
