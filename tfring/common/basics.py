@@ -357,10 +357,10 @@ def _runtime_params():
 def _speculation_stats():
     """This rank's counters for the global set's speculation since init():
     times it entered speculative mode, responses run without negotiation,
-    fallbacks (a rank diverged), failures (the data plane failed, which
-    ends speculation so that negotiation finds a lost peer), and ``inline``: responses run by the
-    thread that submitted a tensor rather than the background thread
-    (TFRING_SPECULATION_INLINE). For tests and benchmarks."""
+    fallbacks (a rank diverged), failures (the data plane failed, which ends
+    speculation so that a negotiation finds a lost peer), and ``inline``:
+    responses run by the thread that submitted a tensor rather than the
+    background thread (TFRING_SPECULATION_INLINE). For tests and benchmarks."""
     _require_init()
     return dict(_core().speculation_stats())
 
