@@ -240,14 +240,6 @@ def jobs(request, tmp_path_factory):
     runner.pool.shutdown(wait=True)
 
 
-def library_contains(text):
-    """Whether the op library tfring loads contains `text`: tells one built
-    before a fix from one built after (the sources may be ahead of the build)."""
-    from tfring.common import loader
-    with open(loader.library_path(), "rb") as f:
-        return text.encode() in f.read()
-
-
 def check_no_process_left(job):
     assert job.pids, f"no rank recorded its pid\n{job.describe()}"
     assert not job.left_pids, f"processes {job.left_pids} outlived the job\n{job.describe()}"
@@ -392,9 +384,6 @@ def test_stall_shutdown_fails_every_rank_with_the_stall(jobs, job, controller):
 
 
 @pytest.mark.parametrize("job", ["stall-shutdown-only"])
-@pytest.mark.xfail(not library_contains("Mismatched groups for tensor"), strict=True, reason=(
-    "the op library predates aba221c (before it, TFRING_STALL_SHUTDOWN_TIME_SECONDS waited "
-    "for the 60 s warning time); rebuild it"))
 def test_stall_shutdown_time_alone_stops_the_job(jobs, job, controller):
     # Only the shutdown time set: the job stops after it, although the
     # warning time (60 s by default) has not come.

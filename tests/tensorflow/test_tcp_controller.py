@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from support import ROOT, rank_lines, run_python, tfringrun
+from support import ROOT, rank_lines, tfringrun
 from tfring.runner import start_rendezvous, wire
 
 # Every rank: init over TCP, check its place, allreduce, and prove MPI was
@@ -42,17 +42,8 @@ RANK = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="session")
-def tcp_controller_built():
-    result = run_python("from tfring.common import loader; "
-                        "print(hasattr(loader.load()[1], 'init_tcp'))", timeout=600)
-    assert result.returncode == 0, result.stderr
-    if result.stdout.split()[-1] != "True":
-        pytest.skip("this op library has no init_tcp (the TCP controller is not merged yet)")
-
-
 @pytest.mark.parametrize("num_proc", [2, 3])
-def test_tfringrun_tcp_job(tcp_controller_built, num_proc):
+def test_tfringrun_tcp_job(num_proc):
     result = tfringrun(num_proc, [sys.executable, "-c", RANK], timeout=300, extra=("--tcp",))
     assert result.returncode == 0, result.stdout[-10000:]
     assert sorted(text for _, text in rank_lines(result.stdout) if text.startswith("OK")) == [
@@ -61,7 +52,7 @@ def test_tfringrun_tcp_job(tcp_controller_built, num_proc):
 
 @pytest.mark.parametrize("serve", ["store-from-tfring.runner", "rank-0-serves"])
 @pytest.mark.parametrize("num_proc", [2, 3])
-def test_ranks_without_a_launcher(tcp_controller_built, num_proc, serve):
+def test_ranks_without_a_launcher(num_proc, serve):
     # No TFRING_CONTROLLER: TFRING_RENDEZVOUS_ADDR alone selects tcp.
     secret = wire.generate_secret()
     server = None

@@ -5,7 +5,6 @@ error calls the same helpers on every rank: each rank checks its own error,
 and the test module's autouse fixture then checks that the next collective
 works (check_next_collective), i.e. the bad call cost nothing but an error.
 """
-import functools
 import threading
 
 import pytest
@@ -25,20 +24,6 @@ def needs_peers(size):
 # Import `needs_peers` too in the module that uses this mark (pytest finds
 # fixtures by name in the test module).
 multi_rank = pytest.mark.usefixtures("needs_peers")
-
-
-@functools.lru_cache(maxsize=None)
-def library_contains(text):
-    """Whether the op library tfring loads contains `text`: tells one built
-    before a fix from one built after (the sources may be ahead of the build)."""
-    from tfring.common import loader
-    with open(loader.library_path(), "rb") as f:
-        return text.encode() in f.read()
-
-
-# The op library has the fixes of commit aba221c (group sizes compared,
-# trailing dimensions printed as [?, 3, 1], stall shutdown on time).
-HAS_AUGUST_FIXES = library_contains("Mismatched groups for tensor")
 
 
 def expect_error(error_type, fn, *fragments):

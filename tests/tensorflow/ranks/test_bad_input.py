@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from error_helpers import (HAS_AUGUST_FIXES, Background, check_next_collective, expect_error,
+from error_helpers import (Background, check_next_collective, expect_error,
                            expect_invalid_argument, expect_precondition, multi_rank,
                            needs_peers)  # noqa: F401 - needs_peers is the fixture multi_rank uses
 
@@ -103,12 +103,7 @@ def test_alltoall_splits_wrong_on_one_rank_name_that_rank(rank, size):
     assert out.shape == (size, 2) and list(received.numpy()) == [1] * size
 
 
-_STALE_LIBRARY = ("the op library predates commit aba221c, which fixed this; rebuild it "
-                  "(pip install --no-build-isolation -e .)")
-
-
 @multi_rank
-@pytest.mark.xfail(not HAS_AUGUST_FIXES, strict=True, reason=_STALE_LIBRARY)
 def test_grouped_allreduce_with_different_tensor_counts(rank):
     # Every member fails on every rank, also the ones only some ranks sent.
     count = 2 if rank == 0 else 3
@@ -117,8 +112,9 @@ def test_grouped_allreduce_with_different_tensor_counts(rank):
     if rank == 0:
         call.wait()
         if call.error is None:
-            # A library without the fix: rank 0 succeeded and the others' third
-            # member is still in flight; complete it so the job goes on in step.
+            # A regression: rank 0 succeeded and the others' third member is
+            # still in flight; complete it so the assertion below reports the
+            # failure instead of every other rank hanging.
             hvd.allreduce(ones([2]), op=hvd.Sum, name="count_mismatch_2")
     call.wait()
     assert isinstance(call.error, tf.errors.FailedPreconditionError), \
@@ -129,7 +125,6 @@ def test_grouped_allreduce_with_different_tensor_counts(rank):
 
 
 @multi_rank
-@pytest.mark.xfail(not HAS_AUGUST_FIXES, strict=True, reason=_STALE_LIBRARY)
 def test_allgather_trailing_dims_message_shows_the_dims(rank):
     expect_precondition(lambda: hvd.allgather(ones([2, 3, rank + 1]), name="gather_dims_text"),
                         "one rank sent [?, 3, 1] and another [?, 3, 2]")
