@@ -100,7 +100,7 @@ def test_keras_fit_with_callbacks_trains_after_migration(migrated, np_):
     values = _values(result.stdout)
     # The warm-up callback set the rate through opt.learning_rate (was opt.lr).
     assert float(values["lr"]) == pytest.approx(0.05 * np_, rel=1e-4), values
-    assert int(values["size"]) == np_ and float(values["val_accuracy"]) >= 0.85, values
+    assert int(values["size"]) == np_ and float(values["val_accuracy"]) >= 0.8, values
 
 
 def test_tape_loop_and_synthetic_benchmark_train_after_migration(migrated):

@@ -44,19 +44,21 @@ def _read(path):
         return f.read(), encoding
 
 
-def migrate_paths(paths, write=False, out=sys.stdout, err=sys.stderr):
+def migrate_paths(paths, write=False, out=None, err=None):
     """Migrates every Python file under ``paths``; returns the exit status.
 
     Args:
         paths: files and directories (walked for ``*.py``).
         write: rewrite the files in place instead of printing a diff.
-        out: where the diff goes.
-        err: where the report goes.
+        out: where the diff goes (default: sys.stdout).
+        err: where the report goes (default: sys.stderr).
 
     Returns:
         the exit status: :data:`CHANGES`, :data:`MANUAL` and
         :data:`UNREADABLE` ORed, 0 when nothing is to be done.
     """
+    out = out or sys.stdout
+    err = err or sys.stderr
     status = 0
     for path in python_files(paths):
         try:

@@ -15,7 +15,8 @@ else is reported instead (a ``tf.compat.v1.train`` optimizer's
 """
 import ast
 
-from tfring.migrate.source import Edit, Finding, dotted_span, qualified_name, remove_argument
+from tfring.migrate.source import (Edit, Finding, dotted_span, qualified_name,
+                                   remove_arguments)
 
 # The optimizer classes of keras.optimizers in Keras 3 (tests check each exists).
 OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "Adamax", "Ftrl",
@@ -197,8 +198,8 @@ class _Rules:
             if "experimental_run_tf_function" in keywords:
                 self.fixed(node, "compile(experimental_run_tf_function=...) removed (Keras 3 "
                            "has no such argument)",
-                           *remove_argument(self.source, node,
-                                            keywords["experimental_run_tf_function"]))
+                           *remove_arguments(self.source, node,
+                                             [keywords["experimental_run_tf_function"]]))
             for name in _REMOVED_COMPILE_ARGS:
                 if name in keywords:
                     self.manual(node, f"compile({name}=...) is not a Keras 3 argument",
@@ -212,17 +213,17 @@ class _Rules:
             self.manual(node, message, fix)
         if path == "keras.layers.BatchNormalization" and "fused" in keywords:
             self.fixed(node, "BatchNormalization(fused=...) removed (Keras 3 has no fused "
-                       "batch norm)", *remove_argument(self.source, node, keywords["fused"]))
+                       "batch norm)", *remove_arguments(self.source, node, [keywords["fused"]]))
         if method in _GENERATOR_METHODS:
             start = self.source.end(func) - len(method)
             self.fixed(node, f"{method}(...) -> {_GENERATOR_METHODS[method]}(...)",
                        Edit(start, start + len(method), _GENERATOR_METHODS[method]))
         if method in (*_GENERATOR_METHODS, *_GENERATOR_METHODS.values()):
-            for name in _LOADER_ARGS:
-                if name in keywords:
-                    self.fixed(node, f"{method}({name}=...) removed (in Keras 3 it belongs "
-                               "to a keras.utils.PyDataset)",
-                               *remove_argument(self.source, node, keywords[name]))
+            loader = [name for name in _LOADER_ARGS if name in keywords]
+            if loader:
+                self.fixed(node, f"{method}({'=..., '.join(loader)}=...) removed (in Keras 3 "
+                           "they belong to a keras.utils.PyDataset)",
+                           *remove_arguments(self.source, node, [keywords[n] for n in loader]))
         if method == "variables" and not node.args and not node.keywords:
             kind = self.optimizers.kind(func.value)
             if kind == "keras":

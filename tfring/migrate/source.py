@@ -160,25 +160,54 @@ def import_aliases(tree):
     return aliases
 
 
-def remove_argument(source, call, argument):
-    """The edits that delete one argument (a keyword node) from ``call``,
-    with its comma, leaving the other arguments' layout and any comment
-    alone."""
+def remove_arguments(source, call, arguments):
+    """The edits that delete ``arguments`` (keyword nodes of ``call``) with
+    their commas, leaving the other arguments' layout and any comment alone."""
     ordered = sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))
-    index = ordered.index(argument)
-    start, end = source.start(argument), source.end(argument)
-    if index + 1 < len(ordered):  # up to the next argument: takes "kw=v, " with it
-        following = source.start(ordered[index + 1])
-        if "#" not in source.text[end:following]:
+    edits = []
+    i = 0
+    while i < len(ordered):
+        if ordered[i] not in arguments:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] in arguments:
+            j += 1
+        edits.extend(_remove_run(source, call, ordered, i, j))
+        i = j + 1
+    return edits
+
+
+def _remove_run(source, call, ordered, first, last):
+    # Removes ordered[first..last], a run of adjacent arguments.
+    start, end = source.start(ordered[first]), source.end(ordered[last])
+    if last + 1 < len(ordered):  # up to the next argument: takes "kw=v, " with it
+        following = source.start(ordered[last + 1])
+        if "#" not in source.text[start:following]:
             return [Edit(start, following, "")]
-        return [Edit(start, source.text.index(",", end) + 1, "")]
-    if index > 0:  # the last one: from the end of the one before
-        previous = source.end(ordered[index - 1])
-        if "#" not in source.text[previous:start]:
+    elif first > 0:  # the last ones: from the end of the one before
+        previous = source.end(ordered[first - 1])
+        if "#" not in source.text[previous:end]:
             return [Edit(previous, end, "")]
-        comma = source.text.index(",", previous)
-        return [Edit(comma, comma + 1, ""), Edit(start, end, "")]
-    rest = source.text[end:source.end(call) - 1]  # the only one: its trailing comma too
-    if rest.lstrip().startswith(","):
-        end += rest.index(",") + 1
-    return [Edit(start, end, "")]
+    else:  # all of them: their trailing comma too
+        rest = source.text[end:source.end(call) - 1]
+        if "#" not in source.text[start:end]:
+            if rest.lstrip().startswith(","):
+                end += rest.index(",") + 1
+            return [Edit(start, end, "")]
+    # A comment among them: remove each argument and its own comma, nothing between.
+    edits = []
+    for k in range(first, last + 1):
+        node = ordered[k]
+        node_end = source.end(node)
+        if k + 1 < len(ordered):
+            edits.append(Edit(source.start(node), source.text.index(",", node_end) + 1, ""))
+        else:
+            rest = source.text[node_end:source.end(call) - 1]
+            if first == 0 and rest.lstrip().startswith(","):
+                node_end += rest.index(",") + 1
+            edits.append(Edit(source.start(node), node_end, ""))
+            if first > 0:
+                comma = source.text.index(",", source.end(ordered[first - 1]))
+                edits.append(Edit(comma, comma + 1, ""))
+    return edits
