@@ -122,6 +122,8 @@ def test_left_alone(text):
     ("class Opt(tf.keras.optimizers.Optimizer):\n    def get_gradients(self, l, p):\n"
      "        pass\n", 3, "never calls"),
     ("m = hvd.load_model('saved_model_dir')\n", 2, ".keras"),
+    ("m = hvd.load_model(f'{d}/checkpoint-{epoch}.h5')\n", 2, ".h5 file"),
+    ("m = tf.keras.models.load_model('model.h5', custom_objects={})\n", 2, ".h5 file"),
     ("model.save('/tmp/checkpoint')\n", 2, ".keras"),
     ("model.save_weights(f'{d}/weights.h5')\n", 2, ".weights.h5"),
     ("cb = tf.keras.callbacks.ModelCheckpoint('ckpt-{epoch}.h5', save_weights_only=True)\n", 2,

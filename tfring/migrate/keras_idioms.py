@@ -279,6 +279,13 @@ class _Rules:
             if not tail.endswith(".weights.h5"):
                 self.manual(node, "Keras 3 saves weights only to a file ending in .weights.h5",
                             "end the path in .weights.h5")
+        elif (method or (path or "").rsplit(".", 1)[-1]) == "load_model" \
+                and tail.endswith(".h5"):
+            self.manual(node, "Keras 3 cannot go on training from a whole-model .h5 file: a Keras 2 "
+                        "one fails to rebuild its optimizer, a Keras 3 one fails at the first "
+                        "step", "save checkpoints as .keras files; to start from an old .h5, "
+                        "load it with tf.keras.models.load_model(path, compile=False) and "
+                        "compile it with a new hvd.DistributedOptimizer")
         elif (method == "save" and isinstance(node.func.value, ast.Name)
               and "model" in node.func.value.id.lower()) or is_checkpoint \
                 or (method or (path or "").rsplit(".", 1)[-1]) == "load_model":
