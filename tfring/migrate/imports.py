@@ -95,12 +95,14 @@ def rewrite_imports(source):
     if unhandled:
         # The name "horovod" would then mean two packages at once: leave all of it.
         for alias in plain:
-            fix = (_unhandled_fix(alias.name) if alias in unhandled else
-                   f"import {MODULES[alias.name]} as a name of its own, then rename the uses")
-            findings.append(Finding(alias.lineno, f"import {alias.name} is not handled "
-                                    "(the name horovod is also bound to a module this tool "
-                                    "does not handle)" if alias not in unhandled else
-                                    f"import {alias.name} is not handled", fix))
+            if alias in unhandled:
+                findings.append(Finding(alias.lineno, f"import {alias.name} is not handled",
+                                        _unhandled_fix(alias.name)))
+            else:
+                findings.append(Finding(
+                    alias.lineno, f"import {alias.name} left alone: the name horovod is also "
+                    "bound to a module this tool does not handle",
+                    f"import {MODULES[alias.name]} under a name of its own and rename its uses"))
         return edits, findings
     for alias in plain:
         start, end = dotted_span(source, alias, alias.name)
