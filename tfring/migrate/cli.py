@@ -84,7 +84,7 @@ def migrate_paths(paths, write=False, out=None, err=None):
 
 
 def main(argv=None):
-    """The command line: ``python -m tfring.migrate [--write] PATHS...``; returns the exit status."""
+    """``python -m tfring.migrate [--write] PATHS...``; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m tfring.migrate",
         description="Move Horovod TensorFlow/Keras scripts to tfring and Keras 3: rewrite "

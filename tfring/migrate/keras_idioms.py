@@ -266,34 +266,32 @@ class _Rules:
                    Edit(*gap, ").assign(" if wrap else ".assign("))
 
     def save_paths(self, node, method, path, keywords):
-        if not node.args:
-            return
-        tail = _string_tail(node.args[0])
+        tail = _string_tail(node.args[0]) if node.args else None
         if tail is None:
             return
-        weights_only = "save_weights_only" in keywords and isinstance(
-            keywords["save_weights_only"].value, ast.Constant) and \
-            keywords["save_weights_only"].value.value is True
+        name = method or (path or "").rsplit(".", 1)[-1]
+        flag = keywords.get("save_weights_only")
+        weights_only = flag is not None and isinstance(flag.value, ast.Constant) \
+            and flag.value.value is True
         is_checkpoint = path == "keras.callbacks.ModelCheckpoint"
-        if method == "save_weights" or (is_checkpoint and weights_only):
+        saves_model = name == "save" and isinstance(node.func.value, ast.Name) \
+            and "model" in node.func.value.id.lower()
+        if name == "save_weights" or (is_checkpoint and weights_only):
             if not tail.endswith(".weights.h5"):
                 self.manual(node, "Keras 3 saves weights only to a file ending in .weights.h5",
                             "end the path in .weights.h5")
-        elif (method or (path or "").rsplit(".", 1)[-1]) == "load_model" \
-                and tail.endswith(".h5"):
-            self.manual(node, "Keras 3 cannot go on training from a whole-model .h5 file: a Keras 2 "
-                        "one fails to rebuild its optimizer, a Keras 3 one fails at the first "
-                        "step", "save checkpoints as .keras files; to start from an old .h5, "
-                        "load it with tf.keras.models.load_model(path, compile=False) and "
-                        "compile it with a new hvd.DistributedOptimizer")
-        elif (method == "save" and isinstance(node.func.value, ast.Name)
-              and "model" in node.func.value.id.lower()) or is_checkpoint \
-                or (method or (path or "").rsplit(".", 1)[-1]) == "load_model":
-            if not tail.endswith((".keras", ".h5")):
-                self.manual(node, "Keras 3 saves and loads whole models only as .keras (or "
-                            "legacy .h5) files, not SavedModel directories",
-                            "use a path ending in .keras (model.export(path) writes a "
-                            "SavedModel for serving)")
+        elif name == "load_model" and tail.endswith(".h5"):
+            self.manual(node, "Keras 3 cannot go on training from a whole-model .h5 file: a "
+                        "Keras 2 one fails to rebuild its optimizer, a Keras 3 one fails at "
+                        "the first step", "save checkpoints as .keras files; to start from an "
+                        "old .h5, load it with tf.keras.models.load_model(path, compile=False) "
+                        "and compile it with a new hvd.DistributedOptimizer")
+        elif (saves_model or is_checkpoint or name == "load_model") \
+                and not tail.endswith((".keras", ".h5")):
+            self.manual(node, "Keras 3 saves and loads whole models only as .keras (or "
+                        "legacy .h5) files, not SavedModel directories",
+                        "use a path ending in .keras (model.export(path) writes a "
+                        "SavedModel for serving)")
 
     # -- attributes --------------------------------------------------------------
     def attribute(self, node):
