@@ -124,6 +124,8 @@ def test_left_alone(text):
     ("m = hvd.load_model('saved_model_dir')\n", 2, ".keras"),
     ("m = hvd.load_model(f'{d}/checkpoint-{epoch}.h5')\n", 2, ".h5 file"),
     ("m = tf.keras.models.load_model('model.h5', custom_objects={})\n", 2, ".h5 file"),
+    ("m = hvd.load_model('./checkpoint-{epoch}.h5'.format(epoch=3))\n", 2, ".h5 file"),
+    ("model.save(os.path.join(log_dir, 'saved'))\n", 2, ".keras"),
     ("model.save('/tmp/checkpoint')\n", 2, ".keras"),
     ("model.save_weights(f'{d}/weights.h5')\n", 2, ".weights.h5"),
     ("cb = tf.keras.callbacks.ModelCheckpoint('ckpt-{epoch}.h5', save_weights_only=True)\n", 2,
@@ -146,7 +148,8 @@ def test_checkpoint_paths_keras3_accepts_are_not_reported():
     result = migrate("model.save('m.keras')\nmodel.save('m.h5')\n"
                      "model.save_weights('w.weights.h5')\n"
                      "tf.keras.callbacks.ModelCheckpoint('ckpt-{epoch}.h5')\n"
-                     "ckpt.save('prefix')\nhvd.load_model(path)\n")
+                     "ckpt.save('prefix')\nhvd.load_model(path)\n"
+                     "model.save(os.path.join(d, 'm.keras'))\nmodel.save(','.join(parts))\n")
     assert not result.findings, result.findings
 
 

@@ -56,6 +56,14 @@ def migrate_paths(paths, write=False, out=None, err=None):
     Returns:
         the exit status: :data:`CHANGES`, :data:`MANUAL` and
         :data:`UNREADABLE` ORed, 0 when nothing is to be done.
+
+    Raises:
+        Nothing for a bad file: it is reported on ``err`` and counted in
+        :data:`UNREADABLE`, and the other files are still migrated.
+
+    Example:
+        >>> migrate_paths(["scripts/"], write=True)  # doctest: +SKIP
+        1
     """
     out = out or sys.stdout
     err = err or sys.stderr

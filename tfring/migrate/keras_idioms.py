@@ -150,12 +150,19 @@ def _looks_like_optimizer(node):
 
 
 def _string_tail(node):
-    """The constant end of a path argument (a str or an f-string), else None."""
+    """The constant end of a path argument, else None: a string, an
+    f-string, ``"...".format(...)`` or ``os.path.join(..., last)``."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[-1],
                                                                        ast.Constant):
         return node.values[-1].value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr == "format":
+            return _string_tail(node.func.value)
+        if node.func.attr == "join" and node.args and not isinstance(node.func.value,
+                                                                     ast.Constant):
+            return _string_tail(node.args[-1])
     return None
 
 

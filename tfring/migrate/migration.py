@@ -55,6 +55,14 @@ def migrate_source(text, path="<string>"):
 
     Raises:
         SyntaxError: ``text`` is not valid Python.
+
+    Example:
+        >>> from tfring.migrate import migrate_source
+        >>> result = migrate_source("import horovod.tensorflow.keras as hvd\n")
+        >>> result.text
+        'import tfring.keras as hvd\n'
+        >>> [f.format("train.py") for f in result.findings]
+        ['train.py:1: fixed: import horovod.tensorflow.keras -> tfring.keras']
     """
     source = Source(text, path)
     import_edits, import_findings = rewrite_imports(source)
