@@ -58,9 +58,9 @@ def migrate_source(text, path="<string>"):
 
     Example:
         >>> from tfring.migrate import migrate_source
-        >>> result = migrate_source("import horovod.tensorflow.keras as hvd\n")
+        >>> result = migrate_source("import horovod.tensorflow.keras as hvd\\n")
         >>> result.text
-        'import tfring.keras as hvd\n'
+        'import tfring.keras as hvd\\n'
         >>> [f.format("train.py") for f in result.findings]
         ['train.py:1: fixed: import horovod.tensorflow.keras -> tfring.keras']
     """
