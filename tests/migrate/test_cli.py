@@ -100,3 +100,13 @@ def test_command_line_help_and_exit_status(tree):
     usage = subprocess.run([sys.executable, "-m", "tfring.migrate"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2
+
+
+def test_runs_without_tensorflow(tree):
+    # sys.modules[name] = None makes any import of it fail.
+    code = ("import runpy, sys; sys.modules['tensorflow'] = sys.modules['keras'] = None; "
+            "sys.argv = ['migrate', sys.argv[1]]; "
+            "runpy.run_module('tfring.migrate', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", code, str(tree)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == CHANGES | MANUAL, run.stderr
