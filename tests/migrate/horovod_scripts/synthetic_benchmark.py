@@ -40,13 +40,15 @@ target = tf.random.uniform([args.batch_size], minval=0, maxval=10, dtype=tf.int6
 @tf.function
 def benchmark_step(first_batch):
     with tf.GradientTape() as tape:
-        loss = loss_fn(target, model(data, training=True))
+        logits = model(data, training=True)
+        loss = loss_fn(target, logits)
     tape = hvd.DistributedGradientTape(tape, compression=compression)
-    gradients = tape.gradient(loss, model.trainable_variables)
-    opt.apply_gradients(zip(gradients, model.trainable_variables))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
     if first_batch:
-        hvd.broadcast_variables(model.variables, root_rank=0)
-        hvd.broadcast_variables(opt.variables(), root_rank=0)
+        # Rank 0's starting point, optimizer slots included, once they all exist.
+        for variables in (model.variables, opt.variables()):
+            hvd.broadcast_variables(variables, root_rank=0)
 
 
 benchmark_step(first_batch=True)
