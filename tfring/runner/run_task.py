@@ -68,8 +68,17 @@ def _error_record(exc):
 
 
 def main(directory):
-    with open(os.path.join(directory, TASK_FILE), "rb") as f:
-        func, args, kwargs = pickle.load(f)
+    try:
+        with open(os.path.join(directory, TASK_FILE), "rb") as f:
+            func, args, kwargs = pickle.load(f)
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, whatever it is
+        # Typically a function of a module the ranks cannot import
+        # (cloudpickle sends module functions by reference).
+        _write(directory, _launch_rank(), _error_record(RuntimeError(
+            f"tfring.run: the ranks cannot load the function: {type(exc).__name__}: {exc}. "
+            "A function of a module that the ranks cannot import must be defined in "
+            "__main__ or sent by value (cloudpickle.register_pickle_by_value(module))")))
+        raise
     try:
         value = func(*args, **kwargs)
     except SystemExit:
