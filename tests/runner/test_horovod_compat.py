@@ -56,7 +56,7 @@ def test_a_horovod_keras_script_runs_unchanged_at_np2(tmp_path):
         hvd_lines = [line.split() for line in lines[rank] if line.startswith("HVD")]
         assert hvd_lines == [["HVD", str(rank), "2", "True", "horovod.tensorflow.keras",
                               "tfring.runner.api", "tfring.common.exceptions",
-                              "tfring.common.elastic", "True"]], proc.stdout
+                              "tfring.tensorflow.elastic", "True"]], proc.stdout
 
 
 def test_horovod_is_not_importable_without_the_flag():
