@@ -118,6 +118,10 @@ def test_tfring_runner_run_is_tfring_run():
     ({"use_gloo": True, "use_mpi": True}, "give use_gloo or use_mpi, not both"),
     ({"min_num_proc": 2}, "needs host_discovery_script"),
     ({"host_discovery_script": "true", "use_mpi": True}, "TCP controller"),
+    ({"host_discovery_script": "true", "hosts": "localhost:2"}, "not hosts/hostfile"),
+    ({"num_proc": 2, "max_num_proc": 3, "slots": 1}, "max_num_proc, slots apply to elastic"),
+    ({"num_proc": 2, "hosts": "localhost:1,node7.invalid:1"},
+     "ranks on node7.invalid cannot read this host's temporary directory"),
 ])
 def test_conflicting_arguments_are_refused_before_launch(kwargs, message):
     with warnings.catch_warnings():

@@ -63,6 +63,16 @@ def _tfringrun_args(*, num_proc, min_num_proc, max_num_proc, slots, reset_limit,
         raise ValueError("elastic training (min_num_proc) needs host_discovery_script")
     if elastic and use_mpi:
         raise ValueError("elastic training runs over the TCP controller; leave out use_mpi")
+    if elastic and (hosts or hostfile):
+        raise ValueError("elastic training takes its hosts from host_discovery_script, not "
+                         "hosts/hostfile")
+    fixed_only = [name for name, value in (("max_num_proc", max_num_proc), ("slots", slots),
+                                           ("reset_limit", reset_limit),
+                                           ("cooldown_range", cooldown_range))
+                  if value is not None]
+    if fixed_only and not elastic:
+        raise ValueError(f"{', '.join(fixed_only)} apply to elastic training only: give "
+                         "host_discovery_script too")
     if num_proc is None and not (elastic or hosts or hostfile):
         num_proc = 1  # Horovod's default
     argv = []
@@ -79,8 +89,6 @@ def _tfringrun_args(*, num_proc, min_num_proc, max_num_proc, slots, reset_limit,
     if cooldown_range is not None:
         low, high = cooldown_range
         argv += ["--blacklist-cooldown-range", str(low), str(high)]
-    if isinstance(hosts, (list, tuple)):
-        hosts = ",".join(hosts)
     option("-H", hosts)
     option("--hostfile", hostfile)
     option("--host-discovery-script", host_discovery_script)
@@ -99,6 +107,23 @@ def _tfringrun_args(*, num_proc, min_num_proc, max_num_proc, slots, reset_limit,
         if on:
             argv.append(flag)
     return argv
+
+
+def _check_hosts_see_this_host(hosts, hostfile):
+    """Raises ValueError where ranks would run on other hosts, which cannot
+    reach this host's private temporary directory."""
+    from tfring.runner import hosts as hosts_mod
+    try:
+        listed = (hosts_mod.parse_hosts_arg(hosts) if hosts else
+                  hosts_mod.parse_hostfile(hostfile) if hostfile else [])
+    except hosts_mod.HostSpecError as e:
+        raise ValueError(str(e)) from None
+    remote = [h.name for h in listed if not hosts_mod.is_local(h.name)]
+    if remote:
+        raise ValueError(f"ranks on {', '.join(remote)} cannot read this host's temporary "
+                         "directory, through which tfring.run sends the function and gets "
+                         "the results back: pass run_dir=<a directory on a file system every "
+                         "host sees>")
 
 
 def _read_results(run_dir):
@@ -242,6 +267,8 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         warnings.warn("network_interface is deprecated, use network_interfaces instead",
                       DeprecationWarning, stacklevel=2)
         network_interfaces = list(network_interfaces or []) + network_interface.split(",")
+    if isinstance(hosts, (list, tuple)):
+        hosts = ",".join(hosts)
     options = _tfringrun_args(
         num_proc=num_proc, min_num_proc=min_num_proc, max_num_proc=max_num_proc, slots=slots,
         reset_limit=reset_limit, cooldown_range=cooldown_range, hosts=hosts, hostfile=hostfile,
@@ -252,6 +279,8 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         horovod_compat=horovod_compat)
     elastic = host_discovery_script is not None
     own_dir = run_dir is None
+    if own_dir:
+        _check_hosts_see_this_host(hosts, hostfile)
     run_dir = tempfile.mkdtemp(prefix="tfring-run-") if own_dir else os.path.abspath(run_dir)
     try:
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
