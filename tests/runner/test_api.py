@@ -105,6 +105,11 @@ def test_a_function_the_ranks_cannot_load_is_named():
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+def test_num_proc_defaults_to_the_host_lists_slots_else_one():
+    assert tfring.run(launch_rank, hosts="localhost:3", use_gloo=True, timeout=120) == [0, 1, 2]
+    assert tfring.run(launch_rank, use_gloo=True, timeout=120) == [0]
+
+
 def test_tfring_runner_run_is_tfring_run():
     import tfring.runner
     assert tfring.runner.run is tfring.run

@@ -54,8 +54,6 @@ def _tfringrun_args(*, num_proc, min_num_proc, max_num_proc, slots, reset_limit,
                     use_gloo, use_mpi, mpi_args, network_interfaces, timeout, horovod_compat):
     """tfringrun's options for run()'s arguments (checked here, where Horovod
     checks them, so that a bad combination is a ValueError, not an exit code)."""
-    if hosts is not None and hostfile is not None:
-        raise ValueError("give hosts or hostfile, not both")
     if use_gloo and use_mpi:
         raise ValueError("give use_gloo or use_mpi, not both")
     elastic = host_discovery_script is not None or min_num_proc is not None
@@ -73,8 +71,6 @@ def _tfringrun_args(*, num_proc, min_num_proc, max_num_proc, slots, reset_limit,
     if fixed_only and not elastic:
         raise ValueError(f"{', '.join(fixed_only)} apply to elastic training only: give "
                          "host_discovery_script too")
-    if num_proc is None and not (elastic or hosts or hostfile):
-        num_proc = 1  # Horovod's default
     argv = []
 
     def option(flag, value):
@@ -109,15 +105,27 @@ def _tfringrun_args(*, num_proc, min_num_proc, max_num_proc, slots, reset_limit,
     return argv
 
 
-def _check_hosts_see_this_host(hosts, hostfile):
-    """Raises ValueError where ranks would run on other hosts, which cannot
-    reach this host's private temporary directory."""
+def _host_list(hosts, hostfile):
+    """The parsed `hosts` or `hostfile` ([] for neither).
+
+    Raises:
+        ValueError: both given, or a malformed one.
+    """
     from tfring.runner import hosts as hosts_mod
+    if hosts is not None and hostfile is not None:
+        raise ValueError("give hosts or hostfile, not both")
     try:
-        listed = (hosts_mod.parse_hosts_arg(hosts) if hosts else
-                  hosts_mod.parse_hostfile(hostfile) if hostfile else [])
+        return (hosts_mod.parse_hosts_arg(hosts) if hosts else
+                hosts_mod.parse_hostfile(hostfile) if hostfile else [])
     except hosts_mod.HostSpecError as e:
         raise ValueError(str(e)) from None
+
+
+def _check_hosts_see_this_host(listed):
+    """Raises ValueError where ranks would run on other hosts (of the
+    `listed` hosts.Host), which cannot reach this host's private temporary
+    directory."""
+    from tfring.runner import hosts as hosts_mod
     remote = [h.name for h in listed if not hosts_mod.is_local(h.name)]
     if remote:
         raise ValueError(f"ranks on {', '.join(remote)} cannot read this host's temporary "
@@ -269,6 +277,11 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         network_interfaces = list(network_interfaces or []) + network_interface.split(",")
     if isinstance(hosts, (list, tuple)):
         hosts = ",".join(hosts)
+    listed = _host_list(hosts, hostfile)
+    elastic = host_discovery_script is not None
+    if num_proc is None and not elastic:
+        # Horovod's default: every slot of the host list, else one rank.
+        num_proc = sum(h.slots for h in listed) if listed else 1
     options = _tfringrun_args(
         num_proc=num_proc, min_num_proc=min_num_proc, max_num_proc=max_num_proc, slots=slots,
         reset_limit=reset_limit, cooldown_range=cooldown_range, hosts=hosts, hostfile=hostfile,
@@ -277,10 +290,9 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         output_filename=output_filename, verbose=verbose, use_gloo=use_gloo, use_mpi=use_mpi,
         mpi_args=mpi_args, network_interfaces=network_interfaces, timeout=timeout,
         horovod_compat=horovod_compat)
-    elastic = host_discovery_script is not None
     own_dir = run_dir is None
     if own_dir:
-        _check_hosts_see_this_host(hosts, hostfile)
+        _check_hosts_see_this_host(listed)
     run_dir = tempfile.mkdtemp(prefix="tfring-run-") if own_dir else os.path.abspath(run_dir)
     try:
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
