@@ -141,19 +141,41 @@ else:
     ext_modules = [Extension("tfring._tfring_ops",
                              sources=library.translation_units(HERE), language="c++")]
 
+# A supported TensorFlow, so that `pip install '.[tensorflow]'` is the whole
+# set-up on a machine with only Python and a C++ compiler. The range is the
+# one tfringrun checks (tfring/runner/preflight.py). tensorflow-cpu (half
+# the size, no CUDA kernels) where it is published, linux x86_64; the
+# `tensorflow` wheel elsewhere, which is a CPU build there.
+TF_RANGE = ">=2.16,<2.22"
+EXTRAS = {
+    "tensorflow": [
+        f'tensorflow-cpu{TF_RANGE}; sys_platform == "linux" and platform_machine == "x86_64"',
+        f'tensorflow{TF_RANGE}; sys_platform != "linux" or platform_machine != "x86_64"'],
+    # NVIDIA GPUs: TensorFlow's CUDA build, plus the headers and libraries
+    # the GPU build of the op library takes from NVIDIA's wheels (NCCL, the
+    # CUDA runtime headers, ptxas, CCCL; README, "GPUs"). Linux only.
+    "gpu": [f"tensorflow[and-cuda]{TF_RANGE}", "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12",
+            "nvidia-cuda-nvcc-cu12", "nvidia-cuda-cccl-cu12"],
+    # The cluster engines, for tfring.ray and tfring.spark only; the core
+    # never imports them.
+    "ray": ["ray>=2.9"],
+    "spark": ["pyspark>=3.4"],
+}
+
 setup(
     name="tfring",
     version=VERSION,
     description="Horovod-compatible data-parallel training for TensorFlow 2 and Keras 3",
     packages=find_packages(include=["tfring", "tfring.*"]),
+    # --horovod-compat's `horovod` package: data of tfring.runner, never
+    # installed as a top-level package (tfring/runner/horovod_compat.py).
+    package_data={"tfring.runner": ["horovod_shim/horovod/__init__.py"]},
     ext_modules=ext_modules,
     cmdclass={"build_ext": BuildLibrary, "build_py": BuildPyWithSources},
     python_requires=">=3.9",
     # pybind11: its headers are needed by the on-import compile too.
     install_requires=["mpi4py>=4.1", "mpich", "cloudpickle", "numpy", "pybind11>=2.10"],
-    # The cluster engines, for tfring.ray and tfring.spark only; the core
-    # never imports them.
-    extras_require={"ray": ["ray>=2.9"], "spark": ["pyspark>=3.4"]},
+    extras_require=EXTRAS,
     entry_points={"console_scripts": ["tfringrun = tfring.runner.launch:main"]},
     zip_safe=False,
 )

@@ -3,10 +3,12 @@
 One fresh virtual environment goes through these steps in order (its
 fixtures build on each other, so each step runs once):
 
-1. TensorFlow NEWEST is installed, then ``pip install <checkout>`` with pip's
-   default build isolation, which hides TF from the build: nothing is
-   compiled, and ``tfringrun -np 2 python examples/keras_digits.py`` compiles
-   the op library into the cache before starting the ranks, then trains.
+1. The README's user set-up, ``pip install '<checkout>[tensorflow]'`` (pinned
+   to TensorFlow NEWEST) in a venv that has only pip: tfring's dependencies
+   and TensorFlow come from that one command, and pip's default build
+   isolation hides TF from the build: nothing is compiled, and
+   ``tfringrun -np 2 python examples/keras_digits.py`` compiles the op
+   library into the cache before starting the ranks, then trains.
 2. ``python -m build`` makes an sdist and a wheel that carry the C++ sources.
 3. TensorFlow is switched to OLDEST: two ranks started together by plain
    ``mpiexec`` (no tfringrun to build first) import tfring at the same time;
@@ -38,7 +40,7 @@ pytestmark = pytest.mark.install
 
 NEWEST = ("2.21.0", "2.21.0")  # (tensorflow-cpu, tf_keras)
 OLDEST = ("2.16.2", "2.16.0")
-BASE_PACKAGES = ["mpich", "mpi4py>=4.1", "pybind11", "scikit-learn", "pytest", "cloudpickle"]
+TEST_PACKAGES = ["scikit-learn", "pytest"]  # for the examples and the rank suites
 COMPILING = re.compile(r"tfring: compiling the op library for TensorFlow (\S+)")
 
 
@@ -73,6 +75,9 @@ class Env:
     def install_tf(self, versions):
         tf_version, keras_version = versions
         self.pip(f"tensorflow-cpu=={tf_version}")
+        self.install_tf_keras(keras_version)
+
+    def install_tf_keras(self, keras_version):
         # tf_keras requires `tensorflow`, which would pull the full TF wheel in
         # beside tensorflow-cpu: as in the README, without its dependencies.
         self.pip("--no-deps", f"tf_keras=={keras_version}")
@@ -99,13 +104,14 @@ def _digits(env, tag):
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """Step 1: a fresh venv with TF NEWEST, then `pip install <checkout>`."""
+    """Step 1: a fresh venv, then `pip install '<checkout>[tensorflow]'`, the
+    TensorFlow extra pinned to NEWEST (so that the test knows which it gets)."""
     env = Env(str(tmp_path_factory.mktemp("install")))
     subprocess.run([sys.executable, "-m", "venv", env.dir], check=True, timeout=300)
-    env.pip(*BASE_PACKAGES)
-    env.install_tf(NEWEST)
-    result = env.pip(ROOT)
+    result = env.pip(f"{ROOT}[tensorflow]", f"tensorflow-cpu=={NEWEST[0]}")
     env.install_seconds = result.seconds
+    env.pip(*TEST_PACKAGES)
+    env.install_tf_keras(NEWEST[1])
     return env
 
 
@@ -126,7 +132,7 @@ def test_pip_install_with_isolation_then_tfringrun_builds_and_trains(installed):
     again = _digits(installed, "again")
     assert not COMPILING.search(again.stdout), "the cached build was not reused"
     built = re.search(r"built the op library for TensorFlow \S+ in (\d+) s", first.stdout)
-    print(f"\ninstall: pip install {installed.install_seconds:.0f} s; "
+    print(f"\ninstall: pip install '.[tensorflow]' {installed.install_seconds:.0f} s; "
           f"cold compile {built.group(1)} s; digits run with the cached build "
           f"{again.seconds:.0f} s (first run {first.seconds:.0f} s)")
 

@@ -6,8 +6,10 @@ imports TensorFlow, so launching stays fast.
 
 Ranks started some other way (Ray actors, Spark tasks, a Kubernetes Indexed
 Job) use the TCP controller through a rendezvous store that anyone can
-start with :func:`start_rendezvous`.
+start with :func:`start_rendezvous`. :func:`run` (also ``tfring.run``) is
+Horovod's ``horovod.run``: tfringrun for a Python function.
 """
+from tfring.runner.api import RankFailedError, run  # noqa: F401
 
 
 def start_rendezvous(host="127.0.0.1", port=0, secret=None):

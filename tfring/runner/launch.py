@@ -134,6 +134,13 @@ def build_parser():
                        help="print the mpiexec command, the exported variables and rank events")
     group.add_argument("--check-build", action="store_true",
                        help="show what this tfring was built with, and exit")
+    group.add_argument("--horovod-compat", action="store_true",
+                       help="make `import horovod`, horovod.tensorflow, horovod.keras and "
+                            "horovod.run resolve to tfring in the ranks, so a Horovod script "
+                            "runs unchanged (refused where a real horovod is importable)")
+    group.add_argument("--no-tf-check", action="store_true",
+                       help="start a job that imports TensorFlow even when the ranks' Python "
+                            "has none, or one outside the supported range (see docs/running.md)")
 
     group = parser.add_argument_group("controller")
     backend = group.add_mutually_exclusive_group()
@@ -270,6 +277,17 @@ def main(argv=None):
     if not command:
         return _fail("no command given; usage: tfringrun -np N [options] command [args...]")
     extra_env = rank_env.tuning_env(args)
+    if args.horovod_compat:
+        from tfring.runner import horovod_compat
+        extra_env.update(horovod_compat.rank_env())
+    in_place = (not elastic and args.num_proc is None and not args.hosts and not args.hostfile
+                and under_mpi_launcher())
+    if not in_place:  # under an MPI launcher each rank would check again
+        from tfring.runner import preflight
+        refusal = preflight.check(command, dict(os.environ, **extra_env), args.horovod_compat,
+                                  tf_check=not args.no_tf_check)
+        if refusal:
+            return _fail(f"{refusal} No rank was started.", 1)
     if elastic:
         return _launch_elastic(args, command, extra_env, elastic)
 
