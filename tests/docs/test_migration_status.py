@@ -229,8 +229,14 @@ def probe(request):
             for claim in row["claims"]:
                 if claim["env"] != request["env"]:
                     continue
-                expected = eval(claim["error"], dict(vars(builtins), tf=tf))  # pylint: disable=eval-used
                 what = f"{row['where']}: `{claim['call']}`"
+                try:
+                    errors = dict(vars(builtins), tf=tf)
+                    expected = eval(claim["error"], errors)  # pylint: disable=eval-used
+                except (NameError, AttributeError):
+                    problems.append(f"{what}: {claim['error']} is no error type known here "
+                                    f"(a builtin or tf.errors.X)")
+                    continue
                 try:
                     if claim["setup"]:
                         exec(claim["setup"], namespace)  # pylint: disable=exec-used
@@ -321,8 +327,8 @@ def test_sections_are_parsed_strictly():
 
 def test_signatures_and_claims_are_checked():
     """The probe finds a missing name, wrong defaults and order, a claim whose
-    call raises another error or nothing: what the old doc's Adasum row would
-    have said, written as a checkable claim, fails."""
+    call raises another error or nothing, an unknown error type: what the old
+    doc's Adasum row said, written as a checkable claim, fails."""
     rows = [parse_row(line, f"row{i}") for i, line in enumerate([
         "| `no_such_name` | Same |",
         "| `init(process_sets=None, comm=None)` | Same |",
@@ -331,6 +337,7 @@ def test_signatures_and_claims_are_checked():
         "| `Adasum` | Same; after `init()`, `allreduce(tf.constant([1.0]), op=Adasum)` "
         "raises `NotImplementedError` |",
         "| `Sum` | Same; `broadcast_global_variables(0)` raises `ValueError` |",
+        "| `Sum` | Same; `size()` raises `NoSuchError` |",
     ])]
     problems = run_probe([{"module": "tfring.tensorflow", "rows": rows}], None,
                          check_names=True)
@@ -340,7 +347,8 @@ def test_signatures_and_claims_are_checked():
                 "row3: tfring.tensorflow.start_timeline takes ['file_path', 'mark_cycles'], "
                 "not just",
                 "row4: `allreduce(tf.constant([1.0]), op=Adasum)` raised nothing",
-                "row5: `broadcast_global_variables(0)` raised RuntimeError"]
+                "row5: `broadcast_global_variables(0)` raised RuntimeError",
+                "row6: `size()`: NoSuchError is no error type"]
     assert len(problems) == len(expected), problems
     for got, want in zip(problems, expected):
         assert got.startswith(want), (got, want)
