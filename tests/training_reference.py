@@ -24,25 +24,51 @@ def local_batch(x, step, rank, size):
     return x[start:start + BATCH]
 
 
+def local_data(rank, size, steps=STEPS):
+    """This rank's batches of the global data, one after the other."""
+    x, y = global_data(size)
+    return tuple(np.concatenate([local_batch(a, s, rank, size) for s in range(steps)])
+                 for a in (x, y))
+
+
 def initial_weights(rank):
     # Different on every rank: the training code must broadcast them.
     rng = np.random.RandomState(rank)
     return rng.randn(FEATURES, 1).astype(np.float32), rng.randn(1).astype(np.float32)
 
 
-def reference(size, steps=STEPS, accumulate=1, lr=LR):
+def _gradient(w, b, xs, ys):
+    """The mean squared error's gradient for x @ w + b, in float64."""
+    xs, ys = xs.astype(np.float64), ys.astype(np.float64)
+    err = xs @ w + b - ys
+    return 2 * xs.T @ err / len(xs), 2 * err.sum(0) / len(xs)
+
+
+def _as_float64(weights):
+    return tuple(v.astype(np.float64) for v in weights)
+
+
+def reference(size, steps=STEPS, accumulate=1, lr=LR, first_step_from_own_weights=False):
     """One process, batch size*BATCH, from rank 0's initial weights. With
-    accumulate=k it sums the gradients of k consecutive batches per update."""
+    accumulate=k it sums the gradients of k consecutive batches per update.
+
+    With first_step_from_own_weights, the first update is what `size` ranks
+    do when their variables are broadcast only at the end of the first batch
+    (Horovod's BroadcastGlobalVariablesCallback, or a model built in its first
+    step): each rank's gradient is taken at its own initial weights on its own
+    batch, and their average is applied to rank 0's weights."""
     x, y = global_data(size)
-    w, b = initial_weights(0)
-    w, b = w.astype(np.float64), b.astype(np.float64)
+    w, b = _as_float64(initial_weights(0))
     gw, gb = 0, 0
     for step in range(steps):
-        xs = x[step * size * BATCH:(step + 1) * size * BATCH].astype(np.float64)
-        ys = y[step * size * BATCH:(step + 1) * size * BATCH].astype(np.float64)
-        err = xs @ w + b - ys
-        gw = gw + 2 * xs.T @ err / len(xs)
-        gb = gb + 2 * err.sum(0) / len(xs)
+        if step == 0 and first_step_from_own_weights:
+            per_rank = [_gradient(*_as_float64(initial_weights(r)), local_batch(x, 0, r, size),
+                                  local_batch(y, 0, r, size)) for r in range(size)]
+            dw, db = (np.mean(g, 0) for g in zip(*per_rank))
+        else:
+            rows = slice(step * size * BATCH, (step + 1) * size * BATCH)
+            dw, db = _gradient(w, b, x[rows], y[rows])
+        gw, gb = gw + dw, gb + db
         if (step + 1) % accumulate == 0:
             w, b = w - lr * gw, b - lr * gb
             gw, gb = 0, 0
@@ -63,16 +89,12 @@ def reference_with_local_part(size, steps=STEPS, lr=LR, scale_local=True):
     not reduced; divided by size when scale_local, Horovod's convention).
     u starts at zeros. Returns w, b and the list of every rank's u."""
     x, y = global_data(size)
-    w, b = (v.astype(np.float64) for v in initial_weights(0))
+    w, b = _as_float64(initial_weights(0))
     us = [np.zeros_like(w) for _ in range(size)]
     for step in range(steps):
-        gws, gbs = [], []
-        for r in range(size):
-            xs = local_batch(x, step, r, size).astype(np.float64)
-            ys = local_batch(y, step, r, size).astype(np.float64)
-            err = xs @ (w + us[r]) + b - ys
-            gws.append(2 * xs.T @ err / len(xs))
-            gbs.append(2 * err.sum(0) / len(xs))
+        # d/du of x @ (w + u) is d/dw: the gradient at weights w + u.
+        gws, gbs = zip(*[_gradient(w + us[r], b, local_batch(x, step, r, size),
+                                   local_batch(y, step, r, size)) for r in range(size)])
         w, b = w - lr * np.mean(gws, 0), b - lr * np.mean(gbs, 0)
         us = [u - lr * g / (size if scale_local else 1) for u, g in zip(us, gws)]
     return w, b, us

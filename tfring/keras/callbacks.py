@@ -45,6 +45,12 @@ def _optimizer_variables(optimizer):
 
 
 def _model_weights(model):
+    # A model that is not built yet (a Sequential without an input shape, a
+    # subclassed model before its first call) gets its weights in the first
+    # step, and tf_keras raises on asking for them before: they are broadcast
+    # at the end of the first batch instead.
+    if not getattr(model, "built", True):
+        return []
     # Keras 3's `model.variables` also holds SeedGenerator states: broadcasting
     # those would give every rank the same dropout masks. `weights` is the
     # trainable and non-trainable weights only (the same list in tf_keras).
@@ -220,14 +226,21 @@ def _define(keras):
         """Broadcasts the model's and its optimizer's variables from `root_rank`
         so that every rank trains from the same state.
 
-        The broadcast happens in `on_train_begin`, before the first step, for
-        every variable that exists then (Keras 3 builds the optimizer before
-        training). Variables created later, during the first step (tf_keras
-        builds its optimizer's slots, or a subclassed model its weights,
-        lazily), are broadcast at the end of the first batch, as Horovod does;
-        then all variables are broadcast again. This happens in every `fit()`.
-        Keras 3 random seed states are not broadcast (each rank keeps its own
-        dropout masks).
+        Every variable that exists when training begins is broadcast in
+        `on_train_begin`, so that a built model's first step starts from the
+        root's weights (Horovod broadcasts only after the first batch). When
+        the first step creates variables (a model that is not built yet, such
+        as a `Sequential` without an input shape, builds in it; tf_keras builds
+        its optimizer's slots there), every variable, the optimizer's slots
+        included, is broadcast at the end of the first batch, as in Horovod.
+        An unbuilt model's first step therefore runs from each rank's own
+        initial weights: with a DistributedOptimizer each rank applies the
+        average of the gradients taken at the ranks' own weights, and from the
+        end of the first batch on all ranks hold the root's values. Give the
+        model an input shape, or seed every rank alike, for a first step that
+        equals one process training from the root's weights. This happens in
+        every `fit()`. Keras 3 random seed states are not broadcast (each rank
+        keeps its own dropout masks).
 
         Args:
             root_rank: the rank whose values every rank gets.

@@ -106,7 +106,9 @@ _DOC = """Batch normalization over the global batch of all ranks.
     training mode the same number of times in the same order.
 
     Args:
-        fused: must be False (a fused kernel cannot be synchronized).
+        fused: False, as Horovod's tests and Keras 2 scripts pass it; taken
+            on Keras 3 too (which has no fused batch norm) and ignored there.
+            A fused kernel cannot be synchronized: True or None is an error.
         **kwargs: the arguments of tf.keras.layers.BatchNormalization (axis,
             momentum, epsilon, center, scale, initializers, ...).
 

@@ -46,19 +46,23 @@ class _DistributedTapeMixin:
             target, sources, output_gradients, unconnected_gradients: as gradient().
 
         Returns:
-            A tuple (local_gradients, global_gradients): two lists holding the
-            gradients of the registered local sources and of the other
-            sources, each in the order of the flattened `sources`.
+            A tuple (local_vars_grads, global_vars_grads), as in Horovod: two
+            lists of (source, gradient) pairs, for the registered local
+            sources and for the other sources, each in the order of the
+            flattened `sources`.
 
         Example:
-            >>> local_grads, global_grads = tape.get_local_and_global_gradients(loss, variables)
-            >>> global_norm = tf.linalg.global_norm(global_grads)
+            >>> local_vars_grads, global_vars_grads = tape.get_local_and_global_gradients(
+            ...     loss, variables)
+            >>> global_norm = tf.linalg.global_norm([g for _, g in global_vars_grads])
+            >>> for var, grad in local_vars_grads:
+            ...     var.assign_sub(lr * grad)
         """
         grads = self.gradient(target, sources, output_gradients=output_gradients,
                               unconnected_gradients=unconnected_gradients)
         local, shared = [], []
         for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
-            (local if self._tfring_reducer.is_local(source) else shared).append(grad)
+            (local if self._tfring_reducer.is_local(source) else shared).append((source, grad))
         return local, shared
 
 

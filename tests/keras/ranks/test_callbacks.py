@@ -14,6 +14,8 @@ import tensorflow as tf
 import tfring.tensorflow as hvd
 from tfring.keras import callbacks as hvd_callbacks
 from tfring.keras.values import optimizer_variables
+from training_reference import (BATCH, FEATURES, LR, assert_trained_like_reference,
+                                initial_weights, local_data, reference)
 
 MOMENTUM = 0.9
 
@@ -410,6 +412,94 @@ def test_broadcast_syncs_model_and_optimizer(keras, rank, size):
     assert_same_on_all_ranks(values_of(model.weights), "weights after fit")
     assert_same_on_all_ranks(values_of(optimizer_variables(model.optimizer)),
                              "optimizer variables after fit")
+
+
+def constant_initializer(value):
+    """An initializer for exactly `value` (as a function: tf_keras and Keras 3
+    both call it with shape and dtype)."""
+    return lambda shape, dtype=None: tf.constant(value, dtype=dtype)
+
+
+def reference_linear_model(keras, rank, built):
+    """training_reference's linear model with this rank's initial weights;
+    without an input shape unless `built`, so that it builds in its first step."""
+    w, b = initial_weights(rank)
+    dense = keras.layers.Dense(1, kernel_initializer=constant_initializer(w),
+                               bias_initializer=constant_initializer(b))
+    return keras.Sequential([keras.Input((FEATURES,)), dense] if built else [dense])
+
+
+def make_batch_end_recorder(keras):
+    """Records the model's weights and the optimizer's variables at the end of
+    the first batch, as the callbacks before it in the list left them."""
+    class FirstBatchEnd(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.weights = self.optimizer_variables = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.weights is None:
+                self.weights = values_of(self.model.weights)
+                self.optimizer_variables = values_of(optimizer_variables(self.model.optimizer))
+    return FirstBatchEnd()
+
+
+@pytest.mark.parametrize("built", [True, False], ids=["built", "unbuilt"])
+def test_broadcast_training_matches_reference(keras, rank, size, built):
+    """The callback with a DistributedOptimizer, ranks starting from different
+    weights. A built model is broadcast before the first step, so the whole run
+    is one process's from rank 0's weights. An unbuilt model gets its weights
+    in the first step: that step averages the gradients taken at every rank's
+    own weights (Horovod's behaviour), rank 0's result is broadcast at the end
+    of the batch, and the rest of the run is one process's from there."""
+    import tfring.keras as hvd_keras
+
+    model = reference_linear_model(keras, rank, built)
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(LR)),
+                  loss="mse", jit_compile=False)
+    assert model.built == built
+    end_of_first = make_batch_end_recorder(keras)
+    model.fit(*local_data(rank, size), batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd_callbacks.BroadcastGlobalVariablesCallback(0), end_of_first])
+    # Collective checks first: a rank failing alone would leave the others
+    # waiting in the next collective.
+    assert_same_on_all_ranks(end_of_first.weights, "weights after the first batch")
+    assert_same_on_all_ranks(values_of(model.weights), "weights after fit")
+    own = not built
+    first_w, first_b = reference(size, steps=1, first_step_from_own_weights=own)
+    np.testing.assert_allclose(end_of_first.weights[0], first_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(end_of_first.weights[1], first_b, rtol=1e-5, atol=1e-6)
+    assert_trained_like_reference(*model.get_weights(), size, first_step_from_own_weights=own)
+    if own and size > 1:
+        # The ranks' initial weights differ enough for the two cases to differ.
+        assert not np.allclose(first_w, reference(size, steps=1)[0], rtol=1e-3)
+
+
+def test_broadcast_of_an_unbuilt_model_and_its_optimizer_slots(keras, rank, size, opt_kind):
+    """A Sequential without an input shape, a plain momentum optimizer and
+    different data per rank: at the end of the first batch (the callbacks after
+    the broadcast see it) every rank holds the root's weights and the root's
+    optimizer variables, momentum slots included, which differed before."""
+    root = size - 1
+    model = keras.Sequential([
+        keras.layers.Dense(4, kernel_initializer=keras.initializers.RandomNormal(seed=rank)),
+        keras.layers.Dense(1),
+    ])
+    model.compile(optimizer=make_sgd(keras, opt_kind, 0.05), loss="mse", jit_compile=False)
+    assert not model.built
+    before, after = make_batch_end_recorder(keras), make_batch_end_recorder(keras)
+    model.fit(*regression_data(rank), batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[before, hvd_callbacks.BroadcastGlobalVariablesCallback(root), after])
+    assert len(after.weights) == 4
+    # One momentum slot per trainable weight, besides the iteration count (and,
+    # in some flavours, the learning rate).
+    assert len(after.optimizer_variables) > len(after.weights)
+    everyone_before = gathered(before.weights + before.optimizer_variables)
+    if size > 1:
+        assert not np.array_equal(everyone_before[0][0], everyone_before[1][0])
+        assert not np.array_equal(everyone_before[0][-1], everyone_before[1][-1])
+    for got, want in zip(after.weights + after.optimizer_variables, everyone_before[root]):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_broadcast_leaves_local_variables(keras, rank, size):

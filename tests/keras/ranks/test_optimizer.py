@@ -10,7 +10,7 @@ import tfring.tensorflow as hvd_tf
 from tfring.keras.optimizer import _DistributedMixin, make_distributed_in_place
 from training_reference import (BATCH, FEATURES, LR, STEPS, assert_local_part_like_reference,
                                 assert_trained_like_reference, global_data, initial_weights,
-                                local_batch)
+                                local_data)
 
 keras = tf.keras
 KERAS3 = not tf.keras.__name__.startswith("tf_keras")
@@ -22,13 +22,6 @@ def linear_model(rank):
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
     model.set_weights(list(initial_weights(rank)))
     return model
-
-
-def local_data(rank, size, steps=STEPS):
-    x, y = global_data(size)
-    xs = np.concatenate([local_batch(x, s, rank, size) for s in range(steps)])
-    ys = np.concatenate([local_batch(y, s, rank, size) for s in range(steps)])
-    return xs, ys
 
 
 def fit_distributed(rank, size, optimizer, steps=STEPS, **compile_kwargs):

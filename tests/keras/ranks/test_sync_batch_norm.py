@@ -201,6 +201,23 @@ def test_config_round_trip(keras):
         SyncBatchNormalization(fused=True)
 
 
+def test_fused_false_is_accepted(rank, size):
+    """Horovod's tests and Keras 2 scripts pass fused=False; Keras 3 has no
+    fused batch norm, and the layer takes the argument on both flavours (from
+    tfring.tensorflow too, where Horovod's tests find it) and still
+    synchronizes."""
+    assert hvd.SyncBatchNormalization is SyncBatchNormalization
+    batches = rank_batches(size, (3,), seed=5)
+    layer, params = make_layer(3, fused=False)
+    build(layer, params, batches[rank])
+    out = layer(tf.constant(batches[rank]), training=True)
+    expected, moving_mean, _ = numpy_bn(np.concatenate(batches), batches[rank], -1, params)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), moving_mean, rtol=1e-5, atol=1e-5)
+    config = layer.get_config()
+    assert SyncBatchNormalization.from_config(config).get_config() == config
+
+
 def test_saved_model_loads_without_custom_objects(keras, rank, size, tmp_path):
     batches = rank_batches(size, (4,), seed=10)
     model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3),

@@ -77,8 +77,12 @@ def test_get_local_and_global_gradients(rank, size):
         loss = tf.reduce_mean(tf.square(tf.matmul(xb, w + u) + b - yb))
     tape = hvd.PartialDistributedGradientTape(tape)  # Horovod's form: no local_layers
     tape.register_local_source(u)
-    local, shared = tape.get_local_and_global_gradients(loss, [w, u, b])
-    assert len(local) == 1 and len(shared) == 2
+    local_vars_grads, global_vars_grads = tape.get_local_and_global_gradients(loss, [w, u, b])
+    # (variable, gradient) pairs, as in Horovod, in the order of the sources.
+    assert [id(var) for var, _ in local_vars_grads] == [id(u)]
+    assert [id(var) for var, _ in global_vars_grads] == [id(w), id(b)]
+    local = [grad for _, grad in local_vars_grads]
+    shared = [grad for _, grad in global_vars_grads]
 
     def grads(r):
         xs = local_batch(x, 0, r, size).astype(np.float64)
