@@ -18,14 +18,6 @@
 //     reduces all inputs.
 //   Reducescatter: like the first half of the large allreduce, one step per
 //     chunk of the largest share.
-//
-// Rank order. Every element is reduced as op(...op(x0, x1)..., x_{size-1}),
-// whichever rank reduces it and whatever the size, so every rank's result is
-// the serial reduction in rank order bit for bit (floating-point sums depend
-// on the order). The owner of a slice reads its own part from its input, in
-// its place in that order, rather than starting from it: that costs nothing
-// out of place; in place, a rank r >= 2 combines ranks 0..r-1 a few KiB at a
-// time in a local buffer first (ReduceInOrder), so no copy is staged either.
 //   Allgather: each step carries one slot (size x chunk bytes) of each
 //     rank's data; a rank copies its own part to its output from its slot,
 //     still in cache, rather than in another pass over its input.
@@ -35,6 +27,14 @@
 //     input is read once, and its output is written while the peers copy.
 //   Alltoall: each step carries a chunk for every pair; the first step also
 //     agrees how many steps the largest pair needs.
+//
+// Rank order. Every element is reduced as op(...op(x0, x1)..., x_{size-1}),
+// whichever rank reduces it and whatever the size, so every rank's result is
+// the serial reduction in rank order bit for bit (floating-point sums depend
+// on the order). The owner of a slice reads its own part from its input, in
+// its place in that order, rather than starting from it: that costs nothing
+// out of place; in place, a rank r >= 2 combines ranks 0..r-1 a few KiB at a
+// time in a local buffer first (ReduceInOrder), so no copy is staged either.
 //
 // Single copy. From a size on, when every rank may read the others' memory
 // (process_vm_readv; probed and agreed once, at set-up), broadcast and
