@@ -118,21 +118,24 @@ void Reduce16(uint16_t* dst, const uint16_t* x, const uint16_t* src, int64_t n, 
   }
 }
 
+// x * factor in double, rounded once to T (integers truncate). For float32
+// that is what TF computes for x / size (an average) or for x * f with a
+// float32 f; a factor rounded to float first (1/3 is not a float) is off in
+// the last bit. float64 has no wider type to use.
 template <typename T>
 void ScaleTyped(T* buf, int64_t n, double factor) {
   for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
 }
 
-template <typename T>
-void ScaleFloat(T* buf, int64_t n, double factor) {
-  const T f = static_cast<T>(factor);
-  for (int64_t i = 0; i < n; ++i) buf[i] *= f;
-}
-
+// float16 and bfloat16 go through float on the way down, as TF's own
+// arithmetic on them does (it computes in float and rounds that result), so
+// a result lies exactly where TF's `x / size` or `x * f` puts it; rounding
+// the double straight to 16 bits can differ where the float lands on a tie.
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void Scale16(uint16_t* buf, int64_t n, double factor) {
-  const float f = static_cast<float>(factor);
-  for (int64_t i = 0; i < n; ++i) buf[i] = FromF(ToF(buf[i]) * f);
+  for (int64_t i = 0; i < n; ++i) {
+    buf[i] = FromF(static_cast<float>(static_cast<double>(ToF(buf[i])) * factor));
+  }
 }
 
 }  // namespace
@@ -176,6 +179,45 @@ Status ReduceTo(void* dst, const void* a, const void* b, int64_t n, DataType dty
   return Status::OK();
 }
 
+Status ReduceInOrder(void* dst, const void* const* srcs, int n, int64_t count, DataType dtype,
+                     ReduceOp op) {
+  if (n < 1) return Status::InvalidArgument("tfring: a reduction needs at least one source");
+  const int64_t esize = DataTypeSize(dtype);
+  if (n == 1) {
+    if (dst != srcs[0] && count > 0) std::memcpy(dst, srcs[0], count * esize);
+    return Status::OK();
+  }
+  int aliased = -1;
+  for (int j = 0; j < n; ++j) {
+    if (srcs[j] == dst) aliased = j;
+  }
+  if (aliased < 2) {
+    // dst[i] is written only after its own sources' element i was read, so
+    // dst may be the first or the second source.
+    TFRING_RETURN_IF_ERROR(ReduceTo(dst, srcs[0], srcs[1], count, dtype, op));
+    for (int j = 2; j < n; ++j) TFRING_RETURN_IF_ERROR(ReduceInto(dst, srcs[j], count, dtype, op));
+    return Status::OK();
+  }
+  // dst is a later source: it must be read before the sources ahead of it
+  // are combined into it, so those go through a buffer that stays in L1.
+  constexpr int64_t kTileBytes = 8192;
+  alignas(64) char tile[kTileBytes];
+  const int64_t per_tile = kTileBytes / esize;
+  char* out = static_cast<char*>(dst);
+  for (int64_t lo = 0; lo < count; lo += per_tile) {
+    const int64_t m = std::min(per_tile, count - lo);
+    const int64_t at = lo * esize;
+    auto src = [&](int j) { return static_cast<const char*>(srcs[j]) + at; };
+    TFRING_RETURN_IF_ERROR(ReduceTo(tile, src(0), src(1), m, dtype, op));
+    for (int j = 2; j < aliased; ++j) TFRING_RETURN_IF_ERROR(ReduceInto(tile, src(j), m, dtype, op));
+    TFRING_RETURN_IF_ERROR(ReduceTo(out + at, tile, out + at, m, dtype, op));
+    for (int j = aliased + 1; j < n; ++j) {
+      TFRING_RETURN_IF_ERROR(ReduceInto(out + at, src(j), m, dtype, op));
+    }
+  }
+  return Status::OK();
+}
+
 Status ScaleBuffer(void* buf, int64_t n, DataType dtype, double factor) {
   if (factor == 1.0) return Status::OK();
   switch (dtype) {
@@ -185,8 +227,8 @@ Status ScaleBuffer(void* buf, int64_t n, DataType dtype, double factor) {
     case DataType::INT16: ScaleTyped(static_cast<int16_t*>(buf), n, factor); break;
     case DataType::INT32: ScaleTyped(static_cast<int32_t*>(buf), n, factor); break;
     case DataType::INT64: ScaleTyped(static_cast<int64_t*>(buf), n, factor); break;
-    case DataType::FLOAT32: ScaleFloat(static_cast<float*>(buf), n, factor); break;
-    case DataType::FLOAT64: ScaleFloat(static_cast<double*>(buf), n, factor); break;
+    case DataType::FLOAT32: ScaleTyped(static_cast<float*>(buf), n, factor); break;
+    case DataType::FLOAT64: ScaleTyped(static_cast<double*>(buf), n, factor); break;
     case DataType::FLOAT16: Scale16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, factor); break;
     case DataType::BFLOAT16: Scale16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, factor); break;
     case DataType::BOOL:
@@ -196,18 +238,31 @@ Status ScaleBuffer(void* buf, int64_t n, DataType dtype, double factor) {
 }
 
 namespace {
+// buf[i] / d in T's own arithmetic: C's truncating division for integers,
+// and for floating point exactly TF's `x / size`.
 template <typename T>
 void DivideTyped(T* buf, int64_t n, int64_t d) {
   for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(d));
+}
+
+// TF divides float16 and bfloat16 in float and rounds the quotient.
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void Divide16(uint16_t* buf, int64_t n, int64_t d) {
+  const float f = static_cast<float>(d);
+  for (int64_t i = 0; i < n; ++i) buf[i] = FromF(ToF(buf[i]) / f);
 }
 }  // namespace
 
 Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
                        int ranks) {
-  const bool average = op == ReduceOp::AVERAGE;
-  if (!average || IsFloatingPoint(dtype)) {
-    return ScaleBuffer(buf, count, dtype, postscale * (average ? 1.0 / ranks : 1.0));
+  if (op != ReduceOp::AVERAGE) return ScaleBuffer(buf, count, dtype, postscale);
+  // With a postscale, one rounding of x * postscale / ranks (in double).
+  if (IsFloatingPoint(dtype) && postscale != 1.0) {
+    return ScaleBuffer(buf, count, dtype, postscale / ranks);
   }
+  // Otherwise an average divides rather than multiplying by a rounded
+  // reciprocal: 6/3 is exactly 2 for integers, and floating-point results
+  // are TF's `sum / size` bit for bit (x * (1/3) is not, even in double).
   TFRING_RETURN_IF_ERROR(ScaleBuffer(buf, count, dtype, postscale));
   switch (dtype) {
     case DataType::UINT8: DivideTyped(static_cast<uint8_t*>(buf), count, ranks); break;
@@ -216,9 +271,16 @@ Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, do
     case DataType::INT16: DivideTyped(static_cast<int16_t*>(buf), count, ranks); break;
     case DataType::INT32: DivideTyped(static_cast<int32_t*>(buf), count, ranks); break;
     case DataType::INT64: DivideTyped(static_cast<int64_t*>(buf), count, ranks); break;
+    case DataType::FLOAT32: DivideTyped(static_cast<float*>(buf), count, ranks); break;
+    case DataType::FLOAT64: DivideTyped(static_cast<double*>(buf), count, ranks); break;
+    case DataType::FLOAT16:
+      Divide16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), count, ranks);
+      break;
+    case DataType::BFLOAT16:
+      Divide16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), count, ranks);
+      break;
     case DataType::BOOL:
       return Status::InvalidArgument("tfring: bool tensors cannot be averaged (use op=Sum, Min or Max)");
-    default: break;
   }
   return Status::OK();
 }

@@ -19,12 +19,27 @@ Status ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Red
 Status ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType dtype,
                 ReduceOp op);
 
-// buf[i] *= factor. Integers are scaled in double precision and truncated.
+// dst[i] = op(...op(op(srcs[0][i], srcs[1][i]), srcs[2][i])..., srcs[n-1][i]):
+// n >= 1 sources combined in the order given, so that wherever a reduction
+// runs it gives the bits of the serial one in that order (rank order, for
+// the planes). `dst` may be one of the sources (in place); otherwise it must
+// not overlap any of them. Nothing is staged: with dst == srcs[k], k >= 2,
+// the first k sources are combined a few KiB at a time in a local buffer.
+Status ReduceInOrder(void* dst, const void* const* srcs, int n, int64_t count, DataType dtype,
+                     ReduceOp op);
+
+// buf[i] *= factor, computed in double precision and rounded once to the
+// dtype: TF's `x / size` (an average) and `x * f` (f a float32) bit for bit.
+// float16 and bfloat16 round through float, as TF's own arithmetic on them
+// does; integers truncate.
 Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);
 
 // Finishes an AVERAGE/SUM reduction: applies `postscale` and, for AVERAGE,
-// divides by `ranks`. Integers are divided (truncating, like C) rather than
-// multiplied by a rounded reciprocal, so e.g. 6/3 is exactly 2.
+// divides by `ranks`. With no postscale an average is a division in the
+// dtype's own arithmetic rather than a multiplication by a rounded
+// reciprocal: integers truncate like C (6/3 is exactly 2), floating point
+// gives TF's `sum / size` bit for bit. With one, floating point takes a
+// single rounding of x * (postscale / ranks) computed in double.
 Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
                        int ranks);
 

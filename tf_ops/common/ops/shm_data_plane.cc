@@ -15,7 +15,7 @@
 //     So one exchange per block, each rank reduces 1/size of the message, and
 //     each byte is copied once into and once out of shared memory.
 //   Allreduce (small): one step; every rank copies its whole input in and
-//     reduces all inputs in rank order (identical results everywhere).
+//     reduces all inputs.
 //   Reducescatter: like the first half of the large allreduce, one step per
 //     chunk of the largest share.
 //   Allgather: each step carries one slot (size x chunk bytes) of each
@@ -27,6 +27,14 @@
 //     input is read once, and its output is written while the peers copy.
 //   Alltoall: each step carries a chunk for every pair; the first step also
 //     agrees how many steps the largest pair needs.
+//
+// Rank order. Every element is reduced as op(...op(x0, x1)..., x_{size-1}),
+// whichever rank reduces it and whatever the size, so every rank's result is
+// the serial reduction in rank order bit for bit (floating-point sums depend
+// on the order). The owner of a slice reads its own part from its input, in
+// its place in that order, rather than starting from it: that costs nothing
+// out of place; in place, a rank r >= 2 combines ranks 0..r-1 a few KiB at a
+// time in a local buffer first (ReduceInOrder), so no copy is staged either.
 //
 // Single copy. From a size on, when every rank may read the others' memory
 // (process_vm_readv; probed and agreed once, at set-up), broadcast and
@@ -131,7 +139,7 @@ class ShmDataPlane : public DataPlane {
  public:
   explicit ShmDataPlane(std::unique_ptr<ShmSegment> segment)
       : seg_(std::move(segment)), rank_(seg_->rank()), size_(seg_->size()),
-        chunk_(seg_->chunk_bytes()) {}
+        chunk_(seg_->chunk_bytes()), sources_(size_) {}
 
   const char* name() const override { return "SHM"; }
 
@@ -204,6 +212,8 @@ class ShmDataPlane : public DataPlane {
   std::unique_ptr<ShmSegment> seg_;
   const int rank_, size_;
   const int64_t chunk_;
+  // One reduction's sources in rank order (reused, so a collective allocates nothing).
+  std::vector<const void*> sources_;
   uint32_t step_ = 1;  // the segment's counters start at 0 = "nothing published"
   Status broken_;
   // Set up by SetUpSingleCopy(): each rank's process id, and the smallest
@@ -353,10 +363,9 @@ Status ShmDataPlane::SmallAllreduce(const char* in, char* out, int64_t count, Da
   const uint32_t t = BeginStep();
   std::memcpy(seg_->slot(rank_, t), in, bytes);
   TFRING_RETURN_IF_ERROR(Exchange(t));
-  // The same order on every rank, so floating-point results agree bit for
-  // bit; the first reduction writes the output, so nothing is copied to it.
-  Status s = ReduceTo(out, seg_->slot(0, t), seg_->slot(1, t), count, dtype, op);
-  for (int j = 2; j < size_ && s.ok(); ++j) s = ReduceInto(out, seg_->slot(j, t), count, dtype, op);
+  // The first reduction writes the output, so nothing is copied to it.
+  for (int j = 0; j < size_; ++j) sources_[j] = seg_->slot(j, t);
+  Status s = ReduceInOrder(out, sources_.data(), size_, count, dtype, op);
   return s.ok() ? s : Fail(s);
 }
 
@@ -402,14 +411,11 @@ Status ShmDataPlane::PipelinedAllreduce(const char* in, char* buf, int64_t count
     }
     if (k < blocks) {  // reduce my slice of this block from the input into the output
       slice(k, rank_, &off, &len);
-      const char* acc = in + off * esize;  // the first reduction reads the input
-      for (int j = 0; j < size_ && len > 0; ++j) {
-        if (j == rank_) continue;
-        char* dst = buf + off * esize;
-        Status s = ReduceTo(dst, acc, seg_->slot(j, t) + rank_ * chunk_, len, dtype, op);
-        if (!s.ok()) return Fail(s);
-        acc = dst;
+      for (int j = 0; j < size_; ++j) {
+        sources_[j] = j == rank_ ? in + off * esize : seg_->slot(j, t) + rank_ * chunk_;
       }
+      Status s = ReduceInOrder(buf + off * esize, sources_.data(), size_, len, dtype, op);
+      if (!s.ok()) return Fail(s);
     }
   }
   return Status::OK();
@@ -441,12 +447,15 @@ Status ShmDataPlane::Reducescatter(const void* send, void* recv,
     if (n == 0) continue;
     char* dst = out + lo * esize;
     const char* own = in + (off[rank_] + lo) * esize;
-    if (dst != own) std::memmove(dst, own, n * esize);
-    for (int j = 0; j < size_; ++j) {
-      if (j == rank_) continue;
-      Status s = ReduceInto(dst, seg_->slot(j, t) + rank_ * chunk_, n, dtype, op);
-      if (!s.ok()) return Fail(s);
+    // An output that overlaps this rank's share elsewhere than exactly on
+    // it takes the share first (ReduceInOrder needs dst == a source or disjoint).
+    if (dst != own && Overlap(dst, own, n * esize)) {
+      std::memmove(dst, own, n * esize);
+      own = dst;
     }
+    for (int j = 0; j < size_; ++j) sources_[j] = j == rank_ ? own : seg_->slot(j, t) + rank_ * chunk_;
+    Status s = ReduceInOrder(dst, sources_.data(), size_, n, dtype, op);
+    if (!s.ok()) return Fail(s);
   }
   return Status::OK();
 }

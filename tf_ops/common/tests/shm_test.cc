@@ -11,9 +11,11 @@
 //                [--skew US]                  the last rank starts each collective late
 //                [--single-copy] [--single-copy-min B]
 //                [--compare]                  alternate with a staged-only plane
-//                [--collective C]             time C by size: allreduce (float32, the
-//                                             default), broadcast, broadcast-inplace,
-//                                             allgather, or memcpy (the floor)
+//                [--collective C]             time C by size: allreduce (float32 Sum,
+//                                             the default), allreduce-inplace,
+//                                             reducescatter, broadcast,
+//                                             broadcast-inplace, allgather, or memcpy
+//                                             (the floor)
 // Built and run by tests/common/test_shm_cpp.py (and by Bazel as //tf_ops:shm_test).
 #include <dirent.h>
 #include <sched.h>
@@ -235,13 +237,6 @@ int64_t FirstDifference(const char* a, const char* b, int64_t bytes) {
   return -1;
 }
 
-uint64_t Hash(const void* p, int64_t bytes) {
-  uint64_t h = 1469598103934665603ULL;
-  const unsigned char* c = static_cast<const unsigned char*>(p);
-  for (int64_t i = 0; i < bytes; ++i) h = (h ^ c[i]) * 1099511628211ULL;
-  return h;
-}
-
 // --- Checks run by every rank ---------------------------------------------
 
 struct PlaneUnderTest {
@@ -305,27 +300,73 @@ void TestAllreduce(PlaneUnderTest& p, int rank, int size, bool every_size) {
         bad.message().c_str());
 }
 
-// Random floats: the result depends on the order of additions, yet every
-// rank must hold the very same bits.
-void TestAllreduceAgrees(PlaneUnderTest& p, FakeBootstrap& bus, int rank, int size) {
-  for (int64_t n : {int64_t{5}, int64_t{3000}, 3 * p.chunk + 11}) {
-    for (DataType dt : {DataType::FLOAT32, DataType::FLOAT16, DataType::BFLOAT16, DataType::FLOAT64}) {
-      std::mt19937 gen(1234 + rank * 977 + static_cast<int>(n));
-      std::uniform_real_distribution<float> dist(-1.f, 1.f);
-      const int64_t esize = DataTypeSize(dt);
-      std::vector<char> buf(n * esize);
-      for (int64_t i = 0; i < n; ++i) {
-        float v = dist(gen);
-        if (dt == DataType::FLOAT32) reinterpret_cast<float*>(buf.data())[i] = v;
-        if (dt == DataType::FLOAT64) reinterpret_cast<double*>(buf.data())[i] = v;
-        if (dt == DataType::FLOAT16) reinterpret_cast<uint16_t*>(buf.data())[i] = FloatToHalf(v);
-        if (dt == DataType::BFLOAT16) reinterpret_cast<uint16_t*>(buf.data())[i] = FloatToBFloat16(v);
+// Random floating-point values of mixed magnitude and sign, different on
+// every rank: their sums and products depend on the order of the operations.
+void FillMixed(void* buf, int64_t n, DataType dt, int rank, int salt) {
+  std::mt19937 gen(1234 + rank * 977 + salt);
+  std::uniform_real_distribution<double> mant(-1.0, 1.0);
+  std::uniform_int_distribution<int> exp(-10, 10);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = std::ldexp(mant(gen), exp(gen));
+    if (dt == DataType::FLOAT32) static_cast<float*>(buf)[i] = static_cast<float>(v);
+    if (dt == DataType::FLOAT64) static_cast<double*>(buf)[i] = v;
+    if (dt == DataType::FLOAT16) static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v));
+    if (dt == DataType::BFLOAT16) static_cast<uint16_t*>(buf)[i] = FloatToBFloat16(static_cast<float>(v));
+  }
+}
+
+// The serial reduction of every rank's FillMixed values in rank order.
+std::vector<char> InRankOrder(int64_t n, DataType dt, ReduceOp op, int size, int salt) {
+  const int64_t bytes = std::max<int64_t>(n * DataTypeSize(dt), 1);
+  std::vector<char> acc(bytes), other(bytes);
+  FillMixed(acc.data(), n, dt, 0, salt);
+  for (int r = 1; r < size; ++r) {
+    FillMixed(other.data(), n, dt, r, salt);
+    ReduceInto(acc.data(), other.data(), n, dt, op);
+  }
+  return acc;
+}
+
+// Every element is reduced in rank order, whichever rank reduces it: each
+// rank's result is the serial reduction in rank order, bit for bit, for both
+// allreduce paths (in place and out of place) and reducescatter.
+void TestRankOrder(PlaneUnderTest& p, int rank, int size) {
+  int salt = 900;
+  for (DataType dt : {DataType::FLOAT32, DataType::FLOAT16, DataType::BFLOAT16, DataType::FLOAT64}) {
+    const int64_t esize = DataTypeSize(dt), c = p.chunk / esize;
+    for (ReduceOp op : {ReduceOp::SUM, ReduceOp::PRODUCT}) {
+      for (int64_t n : {int64_t{5}, int64_t{3000}, size * c - 3, 3 * size * c + 11}) {
+        for (bool in_place : {true, false}) {
+          ++salt;
+          std::vector<char> in(n * esize), out(n * esize, 0x5a);
+          FillMixed(in.data(), n, dt, rank, salt);
+          Status s = in_place ? p.plane->Allreduce(in.data(), n, dt, op)
+                              : p.plane->Allreduce(in.data(), out.data(), n, dt, op);
+          CHECK(s.ok(), "%s rank-order allreduce: %s", p.label, s.message().c_str());
+          const std::vector<char> want = InRankOrder(n, dt, op, size, salt);
+          const int64_t at = FirstDifference(in_place ? in.data() : out.data(), want.data(), n * esize);
+          CHECK(at < 0, "%s allreduce %s %s n=%lld%s is not the rank-order result (byte %lld)",
+                p.label, DataTypeName(dt), ReduceOpName(op), (long long)n,
+                in_place ? " in place" : "", (long long)at);
+        }
       }
-      CHECK(p.plane->Allreduce(buf.data(), n, dt, ReduceOp::SUM).ok(), "random allreduce");
-      std::vector<uint64_t> hashes = bus.Gather(Hash(buf.data(), n * esize));
-      for (int j = 1; j < size; ++j)
-        CHECK(hashes[j] == hashes[0], "%s ranks disagree on a %s sum of %lld random values",
-              p.label, DataTypeName(dt), (long long)n);
+      // Uneven shares, below and above a chunk, none a multiple of it.
+      std::vector<int64_t> counts;
+      for (int j = 0; j < size; ++j) counts.push_back(j % 2 ? 7 : 2 * c + 3 + j);
+      int64_t total = 0, before = 0;
+      for (int j = 0; j < size; ++j) {
+        if (j < rank) before += counts[j];
+        total += counts[j];
+      }
+      ++salt;
+      std::vector<char> in(total * esize), out(counts[rank] * esize, 0x5a);
+      FillMixed(in.data(), total, dt, rank, salt);
+      Status s = p.plane->Reducescatter(in.data(), out.data(), counts, dt, op);
+      CHECK(s.ok(), "%s rank-order reducescatter: %s", p.label, s.message().c_str());
+      const std::vector<char> want = InRankOrder(total, dt, op, size, salt);
+      const int64_t at = FirstDifference(out.data(), want.data() + before * esize, counts[rank] * esize);
+      CHECK(at < 0, "%s reducescatter %s %s is not the rank-order result (byte %lld)", p.label,
+            DataTypeName(dt), ReduceOpName(op), (long long)at);
     }
   }
 }
@@ -605,7 +646,7 @@ int RunCorrectness(Bus* bus, int rank, int size) {
     const bool every_size = std::strcmp(p.label, "default") != 0;
     if (&p < &planes[3]) {
       TestAllreduce(p, rank, size, every_size);
-      TestAllreduceAgrees(p, boot, rank, size);
+      TestRankOrder(p, rank, size);
     }
     if (&p == &planes[2]) continue;  // differs from planes[1] in allreduce only
     if (&p >= &planes[3]) {  // differ in broadcast and allgather only
@@ -700,6 +741,15 @@ int RunBench(Bus* bus, int rank, int size, const ShmOptions& opts,
         return plane->Broadcast(out.data(), bytes, 0);
       }
       if (collective == "allgather") return plane->Allgather(buf.data(), out.data(), shares);
+      // In place (as after a prescale or a fusion copy); `out` holds zeros,
+      // so its sums stay put however often it runs.
+      if (collective == "allreduce-inplace") {
+        return plane->Allreduce(out.data(), n, DataType::FLOAT32, ReduceOp::SUM);
+      }
+      if (collective == "reducescatter") {  // `bytes` is the whole input
+        return plane->Reducescatter(buf.data(), out.data(), std::vector<int64_t>(size, n / size),
+                                    DataType::FLOAT32, ReduceOp::SUM);
+      }
       if (collective == "memcpy") {  // the floor: one copy of the message by every rank
         std::memcpy(out.data(), buf.data(), bytes);
         return Status::OK();
@@ -734,9 +784,11 @@ int RunBench(Bus* bus, int rank, int size, const ShmOptions& opts,
       std::sort(cpu[v].begin(), cpu[v].end());
       const double med = times[v][times[v].size() / 2];
       // nccl-tests' bus bandwidth factors (a memcpy counts as a broadcast).
-      const double factor = collective == "allreduce"   ? 2.0 * (size - 1) / size
-                            : collective == "allgather" ? 1.0 * (size - 1) / size
-                                                        : 1.0;
+      const bool allreduce = collective.compare(0, 9, "allreduce") == 0;
+      const double factor = allreduce                       ? 2.0 * (size - 1) / size
+                            : collective == "allgather" ||
+                                      collective == "reducescatter" ? 1.0 * (size - 1) / size
+                                                                    : 1.0;
       const double busbw = factor * bytes / med / 1e9;
       // CPU time includes busy-polling, so it reads as "work + waiting" when
       // ranks have a core each; on a loaded machine it is the better guide.
