@@ -20,7 +20,8 @@ Controller::Controller(int rank, std::vector<int> global_ranks, const Config& co
               0.5, std::min({config.stall_check_time_s,
                              config.stall_shutdown_time_s > 0 ? config.stall_shutdown_time_s
                                                               : 10.0,
-                             10.0}) / 2)))) {}
+                             10.0}) / 2)))),
+      speculation_(hit_patience_) {}
 
 namespace {
 void SetBit(std::vector<uint64_t>& words, size_t offset, int bit) {
@@ -59,15 +60,14 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
       for (const auto& name : r.tensor_names) negotiating_.erase(name);
     return Status::OK();
   }
-  if (speculating_) return SpeculativeCycle(mine, out);
+  if (speculation_.active()) return SpeculativeCycle(mine, out);
   const auto now = std::chrono::steady_clock::now();
   RequestList full;
   full.shutdown = mine.shutdown;
   full.shutdown_reason = mine.shutdown_reason;
   full.requests.swap(deferred_);
   // After a fallback, what speculation held is negotiated first.
-  std::vector<Request> incoming;
-  incoming.swap(replay_);
+  std::vector<Request> incoming = speculation_.TakeReplay();
   incoming.insert(incoming.end(), mine.requests.begin(), mine.requests.end());
 
   const int capacity = cache_.capacity();
@@ -190,208 +190,29 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
   return Status::OK();
 }
 
-// --- Speculation -------------------------------------------------------------
-
-bool Controller::SpeculationEligible(const Response& r) {
-  if (r.type != ResponseType::COLLECTIVE || r.tensor_names.empty()) return false;
-  switch (r.collective) {
-    case CollectiveType::ALLREDUCE:
-      if (r.tensor_names.size() != r.tensor_sizes.size()) return false;
-      break;
-    case CollectiveType::BROADCAST:
-    case CollectiveType::ALLGATHER:
-      if (r.tensor_names.size() != 1) return false;
-      break;
-    default:
-      return false;
-  }
-  for (int32_t d : r.devices)
-    if (d != kCpuDevice) return false;
-  return true;
-}
-
-bool Controller::FlagRidesAlong(const Response& r) {
-  if (r.collective != CollectiveType::ALLREDUCE) return false;
-  if (r.reduce_op != ReduceOp::SUM && r.reduce_op != ReduceOp::AVERAGE) return false;
-  // The flag is one element of the tensors' own type; these sum 0 and 1
-  // exactly, and a NaN or Inf in the data cannot reach it.
-  if (r.dtype != DataType::FLOAT32 && r.dtype != DataType::FLOAT64) return false;
-  if (r.tensor_names.size() > 1) return true;
-  return r.tensor_sizes[0] * DataTypeSize(r.dtype) <= kFlagRidesMaxBytes;
-}
+// --- Speculation (speculation.h) ---------------------------------------------
 
 bool Controller::LocallyReadyToSpeculate() const {
   // Anything on its way through the coordinator, a join, or a group being
   // assembled means this rank is not in a steady state.
-  return speculation_allowed_ && cache_.enabled() && !join_pending_ && negotiating_.empty() &&
-         deferred_.empty() && arriving_groups_.empty() && replay_.empty() &&
+  return speculation_.allowed() && cache_.enabled() && !join_pending_ && negotiating_.empty() &&
+         deferred_.empty() && arriving_groups_.empty() && !speculation_.has_replay() &&
          (!is_coordinator() || pending_.empty());
 }
 
-void Controller::ResetDetector() {
-  round_.clear();
-  round_names_.clear();
-  last_round_.clear();
-  last_round_sorted_.clear();
-  repeats_ = 0;
-}
-
-void Controller::CloseRound() {
-  std::vector<std::string> sorted(round_names_.begin(), round_names_.end());
-  std::sort(sorted.begin(), sorted.end());
-  // The same tensors as last round, in whatever order and fusion this time:
-  // the order and fusion timing gave one round are as good a schedule as
-  // another's, since each was one that the job's dependencies allowed.
-  repeats_ = !last_round_sorted_.empty() && sorted == last_round_sorted_ ? repeats_ + 1 : 0;
-  last_round_sorted_.swap(sorted);
-  last_round_.swap(round_);
-  round_.clear();
-  round_names_.clear();
-}
-
 void Controller::FeedDetector(const ResponseList& agreed, bool clean) {
-  if (!clean || agreed.shutdown || agreed.has_params) {
-    ResetDetector();
-    return;
-  }
-  for (const Response& r : agreed.responses) {
-    if (!SpeculationEligible(r)) {
-      ResetDetector();
-      return;
-    }
-    bool again = false;
-    for (const auto& name : r.tensor_names) again = again || round_names_.count(name) > 0;
-    if (again) CloseRound();
-    round_.push_back(r);
-    for (const auto& name : r.tensor_names) round_names_.insert(name);
-  }
-  if (agreed.responses.empty() || repeats_ + 1 < required_rounds_) return;
-  // Enter where this round stands in the schedule, if it follows it so far.
-  if (round_.size() > last_round_.size()) return;
-  for (size_t i = 0; i < round_.size(); ++i) {
-    if (round_[i].tensor_names != last_round_[i].tensor_names) return;
-  }
-  EnterSpeculation(round_.size() % last_round_.size());
-}
-
-void Controller::EnterSpeculation(size_t position) {
-  schedule_ = last_round_;
-  position_ = position;
-  schedule_index_.clear();
-  for (size_t i = 0; i < schedule_.size(); ++i) {
-    for (const auto& name : schedule_[i].tensor_names) schedule_index_[name] = i;
-  }
-  ResetDetector();
-  speculating_ = true;
-  agreed_since_entry_ = 0;
-  ++spec_stats_.entered;
-  TFRING_LOG(DEBUG) << "speculation: running a schedule of " << schedule_.size()
-                    << " responses without negotiation, from position " << position_;
-  waiting_since_ = std::chrono::steady_clock::now();
+  if (!speculation_.Observe(agreed, clean)) return;
   // Hits this rank holds that the others have not matched yet are held for
   // the schedule (or make this rank diverge if they are not in it).
-  for (auto& hit : pending_hits_) replay_.push_back(std::move(hit.second.request));
+  std::vector<Request> hits;
+  for (auto& hit : pending_hits_) hits.push_back(std::move(hit.second.request));
   pending_hits_.clear();
+  speculation_.Hold(std::move(hits));
 }
 
 Status Controller::SpeculativeCycle(const RequestList& mine, ResponseList* out) {
-  const auto now = std::chrono::steady_clock::now();
-  std::vector<Request> incoming;
-  incoming.swap(replay_);
-  incoming.insert(incoming.end(), mine.requests.begin(), mine.requests.end());
-  bool diverged = mine.shutdown || params_to_send_.has_params || !speculation_allowed_;
-  for (Request& req : incoming) {
-    auto in_schedule = schedule_index_.find(req.name);
-    const int bit = cache_.Find(req.name);
-    // The cache does not change while speculating, so its entry still holds
-    // this rank's request as it was negotiated.
-    if (in_schedule == schedule_index_.end() || bit < 0 || !cache_.Matches(bit, req)) {
-      diverged = true;
-    }
-    held_[req.name] = std::move(req);
-  }
-  ResponseList result;
-  auto take = [&](const Response& r) {
-    std::vector<Request> reqs;
-    for (const auto& name : r.tensor_names) {
-      auto it = held_.find(name);
-      if (it == held_.end()) continue;
-      reqs.push_back(std::move(it->second));
-      held_.erase(it);
-    }
-    running_.push_back(std::move(reqs));
-  };
-  if (!diverged) {
-    while (true) {
-      const Response& next = schedule_[position_];
-      bool ready = true;
-      for (const auto& name : next.tensor_names) ready = ready && held_.count(name) > 0;
-      if (!ready) break;
-      take(next);
-      result.responses.push_back(next);
-      result.responses.back().speculative = true;
-      position_ = (position_ + 1) % schedule_.size();
-      waiting_since_ = now;
-      // At most one pass over the schedule per cycle.
-      if (result.responses.size() == schedule_.size()) break;
-    }
-    // Nothing for this long: leave, so that a rank that will never send the
-    // schedule's next tensors (a different code path, a long pause) does
-    // not hold the others in the data plane, and the stall inspector gets
-    // to see what is missing.
-    if (result.responses.empty() && now - waiting_since_ > hit_patience_) diverged = true;
-  }
-  if (diverged && result.responses.empty()) {
-    running_.push_back({});
-    result.responses.push_back(schedule_[position_]);
-    result.responses.back().speculative = true;
-    result.responses.back().diverged = true;
-  }
-  // A divergence found after some responses were handed out waits for the
-  // next cycle: those responses run first, with every rank.
-  *out = std::move(result);
+  speculation_.Cycle(mine.requests, mine.shutdown || params_to_send_.has_params, cache_, out);
   return Status::OK();
-}
-
-void Controller::SpeculationResult(SpeculationOutcome outcome) {
-  if (!speculating_ || running_.empty()) return;
-  if (outcome == SpeculationOutcome::AGREED) {
-    running_.pop_front();
-    ++spec_stats_.responses;
-    // A whole pass ran without a fallback: the job is steady again. (Counted
-    // on agreed responses: how far ahead position_ runs is this rank's own.)
-    if (++agreed_since_entry_ >= schedule_.size()) required_rounds_ = kSpeculationRounds;
-    return;
-  }
-  if (outcome == SpeculationOutcome::FAILED) {
-    running_.pop_front();  // its tensors are done, with the plane's error
-    ++spec_stats_.failures;
-    TFRING_LOG(DEBUG) << "speculation: the data plane failed; negotiating again";
-  } else {
-    ++spec_stats_.fallbacks;
-    TFRING_LOG(DEBUG) << "speculation: a rank left the schedule; negotiating again";
-  }
-  // The rest of what was handed out (for FLAGGED, the response itself too)
-  // is negotiated afresh, in the order it was handed out, then what was held.
-  std::vector<Request> back;
-  for (auto& reqs : running_)
-    for (auto& r : reqs) back.push_back(std::move(r));
-  for (auto& kv : held_) back.push_back(std::move(kv.second));
-  // Submission order is lost in held_; the names' order keeps every run alike.
-  std::sort(back.begin() + (back.size() - held_.size()), back.end(),
-            [](const Request& a, const Request& b) { return a.name < b.name; });
-  running_.clear();
-  held_.clear();
-  for (auto& r : replay_) back.push_back(std::move(r));
-  replay_.swap(back);
-  speculating_ = false;
-  schedule_.clear();
-  schedule_index_.clear();
-  ResetDetector();
-  // A job that keeps leaving the schedule tries less often; a plane failure
-  // says nothing about the schedule.
-  if (outcome == SpeculationOutcome::FLAGGED)
-    required_rounds_ = std::min(required_rounds_ * 2, kSpeculationMaxRounds);
 }
 
 void Controller::UpdateCache(const ResponseList& negotiated) {

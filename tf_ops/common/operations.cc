@@ -459,7 +459,7 @@ void PerformOperation(ProcessSet& ps, const Response& r) {
 }
 
 // A speculated allreduce whose divergence flag rides in the fusion buffer
-// (Controller::FlagRidesAlong); PerformSpeculative's contract.
+// (Speculation::FlagRidesAlong); PerformSpeculative's contract.
 SpeculationOutcome PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
   const size_t n = r.tensor_names.size();
   std::vector<ReduceSlot> slots(n);
@@ -514,7 +514,7 @@ Status AgreeOnSchedule(ProcessSet& ps, const Response& r, bool* agreed) {
 SpeculationOutcome PerformSpeculative(ProcessSet& ps, const Response& r,
                                       Clock::duration* waited) {
   const auto start = Clock::now();
-  if (Controller::FlagRidesAlong(r)) {
+  if (Speculation::FlagRidesAlong(r)) {
     const SpeculationOutcome outcome = PerformSpeculativeAllreduce(ps, r);
     *waited += Clock::now() - start;
     return outcome;
@@ -1169,7 +1169,7 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
         CheckAlltoallArguments(entry, static_cast<int>(ps->ranks.size()), st.topo.rank));
   }
   if (st.timeline.enabled()) st.timeline.NegotiateStart(entry.name, CollectiveName(entry.type));
-  // Only host tensors, ready now, can be speculated (Controller::SpeculationEligible).
+  // Only host tensors, ready now, can be speculated (Speculation::Eligible).
   const bool may_inline = (entry.type == CollectiveType::ALLREDUCE ||
                            entry.type == CollectiveType::BROADCAST ||
                            entry.type == CollectiveType::ALLGATHER) &&
