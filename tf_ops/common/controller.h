@@ -5,8 +5,11 @@
 // ResponseList. That single order is what keeps ranks from deadlocking when
 // their framework schedulers submit collectives in different orders.
 //
-// The coordinator logic lives here; how the bytes travel (MPI today, TCP
-// later) is left to subclasses.
+// One class, three files: the rounds every rank runs (controller.cc), the
+// coordinator's side (coordinator.cc) and its checks of each tensor
+// (validation.cc). Speculation, which skips the rounds in the steady state,
+// is a component of its own (speculation.h). How the bytes travel (MPI, or
+// point-to-point messages over TCP) is left to subclasses.
 #ifndef TFRING_COMMON_CONTROLLER_H
 #define TFRING_COMMON_CONTROLLER_H
 
@@ -108,7 +111,9 @@ class Controller {
     std::chrono::steady_clock::time_point first_seen;
   };
 
+  // validation.cc: the coordinator's checks of one tensor's requests.
   Response Validate(const std::string& name, const PendingTensor& pending) const;
+  static Response ErrorResponse(const std::string& name, const std::string& message);
   std::string RankList(const std::vector<int>& set_ranks) const;
   std::string GroupFailure(const std::string& group) const;
 

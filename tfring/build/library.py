@@ -147,7 +147,7 @@ def translation_units(root, mpi=None):
 # here, so a file split or moved in the core changes this one list (and
 # tests/build/test_library.py checks that every entry is a library source).
 _NEGOTIATION_PIECES = [
-    "controller.cc", "speculation.cc", "message.cc",
+    "controller.cc", "coordinator.cc", "validation.cc", "speculation.cc", "message.cc",
     "fusion_buffer.cc", "reduction.cc", "common.cc", "response_cache.cc", "timeline.cc",
     "tensor_queue.cc", "executor.cc", "in_flight.cc", "ops/data_plane_selector.cc", "config.cc",
     "logging.cc", "ops/adasum.cc", "peer_monitor.cc"]
