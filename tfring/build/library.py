@@ -161,7 +161,8 @@ UNIT_TEST_SOURCES = {
                                        "transport/tcp/rendezvous_client.cc",
                                        "transport/tcp/topology.cc"],
     "tcp_comm_test.cc": _TCP_WIRE + [
-        "transport/tcp/tcp_communicator.cc", "transport/tcp/peer_frame.cc",
+        "transport/tcp/tcp_communicator.cc", "transport/tcp/handshake.cc", "transport/tcp/mesh.cc",
+        "transport/tcp/world.cc", "transport/tcp/liveness.cc", "transport/tcp/peer_frame.cc",
         "transport/tcp/socket.cc", "transport/tcp/rendezvous_client.cc",
         "transport/communicator.cc", "peer_monitor.cc", "logging.cc"],
     "fuzz/fuzz_wire.cc": _TCP_WIRE + ["transport/tcp/topology.cc"],
