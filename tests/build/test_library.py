@@ -7,6 +7,7 @@ environment.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -215,3 +216,55 @@ def test_wheel_carries_the_sources_and_no_library(tmp_path):
     metadata = zipfile.ZipFile(wheels[0]).read(
         [n for n in names if n.endswith("METADATA")][0]).decode()
     assert "Requires-Dist: pybind11" in metadata
+
+
+def test_unit_test_sources_are_library_sources():
+    # The C++ test wrappers compile from library.UNIT_TEST_SOURCES: a file
+    # moved or split in the core must be renamed there, not left dangling.
+    units = set(library.translation_units(ROOT, mpi=True))
+    for program, pieces in library.UNIT_TEST_SOURCES.items():
+        own, *rest = library.unit_test_sources(program, ROOT)
+        assert os.path.isfile(own), program
+        for path in rest:
+            assert os.path.relpath(path, ROOT) in units, f"{program} links {path}"
+
+
+def _bazel_globs(build, name):
+    # The patterns of a `NAME = [...]` list in tf_ops/BUILD.
+    match = re.search(name + r" = \[(.*?)\]", build, re.S)
+    return re.findall(r'"([^"]+)"', match.group(1))
+
+
+def _bazel_glob_matches(path, pattern):
+    # Bazel's "**/" spans any number of folders, "*" stays within one.
+    regex, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            regex, i = regex + "(?:.*/)?", i + 3
+        elif pattern[i] == "*":
+            regex, i = regex + "[^/]*", i + 1
+        else:
+            regex, i = regex + re.escape(pattern[i]), i + 1
+    return re.fullmatch(regex, path) is not None
+
+
+def test_setup_and_bazel_compile_the_same_core():
+    # tf_ops/BUILD globs common/**/*.cc into :core minus MPI_SRCS, which go
+    # to :mpi; setup.py walks the tree and leaves out what is_mpi_source
+    # names when built without MPI. Both must pick the same files.
+    with open(os.path.join(ROOT, "tf_ops", "BUILD")) as f:
+        mpi_globs = _bazel_globs(f.read(), "MPI_SRCS")
+    common = os.path.join("tf_ops", "common", "")
+    on_disk = [os.path.relpath(os.path.join(d, n), os.path.join(ROOT, "tf_ops"))
+               for d, _, names in os.walk(os.path.join(ROOT, common)) for n in names
+               if n.endswith(".cc")]
+    setup_all = {f[len("tf_ops/"):] for f in library.translation_units(ROOT, mpi=True)
+                 if f.startswith(common)}
+    setup_core = {f[len("tf_ops/"):] for f in library.translation_units(ROOT, mpi=False)
+                  if f.startswith(common)}
+    bazel_mpi = {f for f in on_disk if any(_bazel_glob_matches(f, p) for p in mpi_globs)}
+    bazel_core = {f for f in on_disk if _bazel_glob_matches(f, "common/**/*.cc")
+                  and not _bazel_glob_matches(f, "common/tests/**/*")} - bazel_mpi
+    assert bazel_core == setup_core
+    assert bazel_mpi == setup_all - setup_core
+    assert "common/operations.cc" in setup_core and "common/mpi/mpi_init.cc" in bazel_mpi

@@ -10,10 +10,7 @@ import subprocess
 import pytest
 
 from support import ROOT
-
-CORE = os.path.join(ROOT, "tf_ops", "common")
-SOURCES = ["reduction.cc", "common.cc", "peer_monitor.cc", "logging.cc", "config.cc",
-           "fusion_buffer.cc", "ops/shm_segment.cc", "ops/shm_data_plane.cc"]
+from tfring.build.library import unit_test_sources
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not os.path.isdir("/dev/shm"),
                                 reason="needs g++ and /dev/shm")
@@ -24,7 +21,7 @@ def shm_test(tmp_path_factory):
     binary = tmp_path_factory.mktemp("shm") / "shm_test"
     cmd = ["g++", "-std=c++17", "-O1", "-g", "-pthread", "-fsanitize=address,undefined",
            "-fno-sanitize-recover=undefined", "-Wall", "-Werror", "-o", str(binary),
-           os.path.join(CORE, "tests", "shm_test.cc")] + [os.path.join(CORE, s) for s in SOURCES]
+           *unit_test_sources("shm_test.cc", ROOT)]
     build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     return binary

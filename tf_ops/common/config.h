@@ -84,7 +84,7 @@ struct Config {
   // TFRING_SPECULATION=0 turns it off, e.g. to measure against.
   bool speculation = true;
   // In speculative mode, a thread that submits a tensor runs the schedule's
-  // next responses itself when no other thread drives (operations.cc,
+  // next responses itself when no other thread drives (background_loop.cc,
   // DriveInline); TFRING_SPECULATION_INLINE=0 leaves it to the background
   // thread.
   bool speculation_inline = true;

@@ -5,33 +5,28 @@
 // ResponseList. That single order is what keeps ranks from deadlocking when
 // their framework schedulers submit collectives in different orders.
 //
-// The coordinator logic lives here; how the bytes travel (MPI today, TCP
-// later) is left to subclasses.
+// One class, three files: the rounds every rank runs (controller.cc), the
+// coordinator's side (coordinator.cc) and its checks of each tensor
+// (validation.cc). Speculation, which skips the rounds in the steady state,
+// is a component of its own (speculation.h). How the bytes travel (MPI, or
+// point-to-point messages over TCP) is left to subclasses.
 #ifndef TFRING_COMMON_CONTROLLER_H
 #define TFRING_COMMON_CONTROLLER_H
 
 #include <chrono>
-#include <deque>
 #include <map>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "config.h"
 #include "message.h"
 #include "response_cache.h"
+#include "speculation.h"
 #include "status.h"
 #include "timeline.h"
 
 namespace tfring {
-
-// How a speculative response ended (Controller::SpeculationResult).
-enum class SpeculationOutcome {
-  AGREED,   // no rank raised the divergence flag; the collective ran
-  FLAGGED,  // some rank raised it; nothing was written anywhere
-  FAILED,   // the data plane failed; the response's tensors got its error
-};
 
 class Controller {
  public:
@@ -50,69 +45,17 @@ class Controller {
   Status ComputeResponseList(const RequestList& mine, ResponseList* out);
   // True while this rank holds cache hits that other ranks have not matched.
   bool HasPendingHits() const {
-    return !pending_hits_.empty() || !deferred_.empty() || !held_.empty() || !replay_.empty();
+    return !pending_hits_.empty() || !deferred_.empty() || speculation_.holds_requests();
   }
 
-  // --- Speculation: skipping negotiation in the steady state.
-  //
-  // Every rank feeds the detector the same thing, the response list each
-  // round agreed on, so every rank enters speculative mode at the same round
-  // without a message: after `kSpeculationRounds` consecutive "rounds" (a
-  // round ends when a tensor comes round again: one training step) with the
-  // same tensors, all cache hits, no coordinator traffic and no rank vetoing
-  // (join pending, several process sets, speculation switched off, ...).
-  // The last round, with its order and fusion, becomes the schedule.
-  //
-  // In speculative mode ComputeResponseList sends nothing: it returns the
-  // schedule's next responses once this rank holds all of their tensors,
-  // marked `speculative`. Before anything is written, every rank learns
-  // whether all ranks followed the schedule from the reduced divergence
-  // flag (FlagRidesAlong says how it travels). A rank that cannot follow the
-  // schedule (a tensor not in it, another shape, join, shutdown, autotuned
-  // values to send, or nothing for `hit_patience_`) runs the next response
-  // with `diverged` set: it raises the flag and sends nothing else. If the
-  // reduced flag is not zero no rank writes an output, every rank reports
-  // SpeculationResult(false), and the tensors held go back through normal
-  // negotiation, on every rank alike.
-  static constexpr int kSpeculationRounds = 3;
-  // Each fallback doubles the rounds needed to enter again, up to this (a
-  // job alternating between two kinds of steps then tries rarely); a whole
-  // schedule run without one brings them back to kSpeculationRounds.
-  static constexpr int kSpeculationMaxRounds = 16;
-  // Whether `r` may be run speculatively: allreduce, broadcast or allgather
-  // of host tensors (the flag must be read back at once, and a GPU plane may
-  // only queue its work).
-  static bool SpeculationEligible(const Response& r);
-  // How an eligible response carries the flag. True: as one extra element
-  // of the fusion buffer, reduced with the data in one data-plane call
-  // (float sums and averages, fused or small). False: in a one-element
-  // allreduce of its own, after which the collective runs as a negotiated
-  // one would, straight from the inputs into the outputs. The first saves a
-  // plane round; the second saves staging each tensor through the fusion
-  // buffer and back, which the normal path does only for fused responses.
-  static bool FlagRidesAlong(const Response& r);
-  // A single tensor larger than this sends the flag on its own: two copies
-  // of 64 KB cost about as much as a one-element round within a host.
-  static constexpr int64_t kFlagRidesMaxBytes = 64 << 10;
+  // --- Speculation (speculation.h): the loop's view of this set's.
   // This rank's own veto (TFRING_SPECULATION=0, process sets other than the
   // global one): the round's AND makes it every rank's.
-  void set_speculation_allowed(bool allowed) { speculation_allowed_ = allowed; }
-  bool speculating() const { return speculating_; }
-  // Called once per speculative response run, in order. The responses after
-  // one that did not agree, in the same list, must not run. FLAGGED sends
-  // the response's tensors and everything held back through negotiation.
-  // FAILED does the same for all but the response's own tensors, which are
-  // done (with the plane's error): speculation never talks to the
-  // controller's transport, so only a negotiation can find out that a peer
-  // is gone and stop the job as broken (elastic mode depends on that).
-  void SpeculationResult(SpeculationOutcome outcome);
-  struct SpeculationStats {
-    int64_t entered = 0;    // times speculative mode was entered
-    int64_t responses = 0;  // speculative responses run and agreed
-    int64_t fallbacks = 0;  // speculative responses that some rank flagged
-    int64_t failures = 0;   // speculative responses whose data plane failed
-  };
-  const SpeculationStats& speculation_stats() const { return spec_stats_; }
+  void set_speculation_allowed(bool allowed) { speculation_.set_allowed(allowed); }
+  bool speculating() const { return speculation_.active(); }
+  // Called once per speculative response run, in order (Speculation::Result).
+  void SpeculationResult(SpeculationOutcome outcome) { speculation_.Result(outcome); }
+  const SpeculationStats& speculation_stats() const { return speculation_.stats(); }
 
   // --- Coordinator logic, public so it can be tested without a transport.
   void Ingest(const RequestList& list, int from_rank);
@@ -151,15 +94,13 @@ class Controller {
   Status NegotiateWithCoordinator(const RequestList& mine, ResponseList* out);
   // Records negotiated responses in the cache and settles this rank's hits.
   void UpdateCache(const ResponseList& negotiated);
-  // Speculation (see above).
+  // Speculation (speculation.h): its cycle, this rank's veto, and the
+  // detector fed with every round's agreed list.
   Status SpeculativeCycle(const RequestList& mine, ResponseList* out);
   bool LocallyReadyToSpeculate() const;
   // `clean`: every rank agreed that the round needed no coordinator and may
   // count towards speculation.
   void FeedDetector(const ResponseList& agreed, bool clean);
-  void CloseRound();
-  void ResetDetector();
-  void EnterSpeculation(size_t position);
   // `requests` minus the members of groups not yet complete on this rank,
   // plus the members of groups completed by them.
   std::vector<Request> StageGroups(const std::vector<Request>& requests);
@@ -170,7 +111,9 @@ class Controller {
     std::chrono::steady_clock::time_point first_seen;
   };
 
+  // validation.cc: the coordinator's checks of one tensor's requests.
   Response Validate(const std::string& name, const PendingTensor& pending) const;
+  static Response ErrorResponse(const std::string& name, const std::string& message);
   std::string RankList(const std::vector<int>& set_ranks) const;
   std::string GroupFailure(const std::string& group) const;
 
@@ -214,33 +157,7 @@ class Controller {
   // response's tensors leaves it (raises the flag), for the same reason.
   std::chrono::steady_clock::duration hit_patience_;
 
-  // --- Speculation state (every rank).
-  bool speculation_allowed_ = true;
-  bool speculating_ = false;
-  // Detector: the current round's responses and names, the last round's
-  // responses and sorted names, and how many rounds in a row had them.
-  std::vector<Response> round_;
-  std::unordered_set<std::string> round_names_;
-  std::vector<Response> last_round_;
-  std::vector<std::string> last_round_sorted_;
-  int repeats_ = 0;
-  // Rounds needed to (re-)enter; doubles after each fallback (agreed on by
-  // every rank), so a job whose steps really differ stops trying soon.
-  int required_rounds_ = kSpeculationRounds;
-  // Speculative mode: the schedule, the position of the next response, and
-  // which response each tensor belongs to.
-  std::vector<Response> schedule_;
-  size_t position_ = 0;
-  size_t agreed_since_entry_ = 0;
-  std::unordered_map<std::string, size_t> schedule_index_;
-  // This rank's requests not yet run: held until their response is due.
-  std::unordered_map<std::string, Request> held_;
-  // Requests of responses handed out and not yet reported on, in order.
-  std::deque<std::vector<Request>> running_;
-  // Requests to negotiate after a fallback (before the round's new ones).
-  std::vector<Request> replay_;
-  std::chrono::steady_clock::time_point waiting_since_;
-  SpeculationStats spec_stats_;
+  Speculation speculation_;
 };
 
 }  // namespace tfring

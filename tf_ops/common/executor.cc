@@ -251,59 +251,6 @@ RunResult RunAllreduce(Executor& executor, DataPlane& plane, const std::vector<R
   return Settle(executor, s, queued);
 }
 
-Status RunSpeculativeAllreduce(Executor& executor, DataPlane& plane,
-                               const std::vector<ReduceSlot>& slots, DataType dtype, ReduceOp op,
-                               double prescale, double postscale, int ranks, bool diverged,
-                               bool* agreed, const PhaseFn& phase) {
-  *agreed = false;
-  if (dtype != DataType::FLOAT32 && dtype != DataType::FLOAT64) {
-    return Status::InvalidArgument(std::string("tfring: no speculative allreduce of ") +
-                                   DataTypeName(dtype));
-  }
-  const int64_t esize = DataTypeSize(dtype);
-  int64_t count = 0;
-  for (const ReduceSlot& s : slots) count += s.count;
-  char* buf = static_cast<char*>(executor.FusionBuffer((count + 1) * esize));
-  int64_t offset = 0;
-  Status s;
-  for (const ReduceSlot& slot : slots) {
-    const int64_t bytes = slot.count * esize;
-    s = !diverged && slot.input ? executor.Copy(buf + offset, slot.input, bytes)
-                                : executor.Zero(buf + offset, bytes);
-    if (!s.ok()) return s;
-    offset += bytes;
-  }
-  TFRING_RETURN_IF_ERROR(executor.Scale(buf, count, dtype, prescale));
-  const float flag32 = diverged ? 1.0f : 0.0f;
-  const double flag64 = diverged ? 1.0 : 0.0;
-  std::memcpy(buf + offset, dtype == DataType::FLOAT32 ? static_cast<const void*>(&flag32)
-                                                       : static_cast<const void*>(&flag64),
-              esize);
-  auto start = Clock::now();
-  s = plane.Allreduce(buf, buf, count + 1, dtype, ReduceOp::SUM);
-  phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE), start);
-  if (s.in_progress()) return Status::Unknown("tfring: a speculative allreduce was queued");
-  if (!s.ok()) return s;
-  double flag = 0;
-  if (dtype == DataType::FLOAT32) {
-    float f;
-    std::memcpy(&f, buf + offset, sizeof(f));
-    flag = f;
-  } else {
-    std::memcpy(&flag, buf + offset, sizeof(flag));
-  }
-  if (flag != 0) return Status::OK();  // some rank diverged: nothing is written
-  *agreed = true;
-  TFRING_RETURN_IF_ERROR(executor.FinishReduction(buf, count, dtype, op, postscale, ranks));
-  offset = 0;
-  for (const ReduceSlot& slot : slots) {
-    const int64_t bytes = slot.count * esize;
-    if (slot.output) TFRING_RETURN_IF_ERROR(executor.Copy(slot.output, buf + offset, bytes));
-    offset += bytes;
-  }
-  return Status::OK();
-}
-
 RunResult RunReducescatter(Executor& executor, DataPlane& plane, const void* input, void* output,
                            const std::vector<int64_t>& recv_counts, int rank, DataType dtype,
                            ReduceOp op, double prescale, double postscale, const PhaseFn& phase) {

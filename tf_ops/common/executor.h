@@ -162,17 +162,6 @@ RunResult RunAllreduce(Executor& executor, DataPlane& plane, const std::vector<R
                        DataType dtype, ReduceOp op, double prescale, double postscale, int ranks,
                        const PhaseFn& phase);
 
-// A speculative allreduce (controller.h): like RunAllreduce, but through the
-// fusion buffer with one more element, the divergence flag, 1 from a rank
-// that `diverged` (it contributes zeros for every slot) and 0 otherwise.
-// Outputs are written only when the reduced flag is 0 (*agreed = true);
-// otherwise nothing is written and the caller negotiates the tensors again.
-// Host memory only (float32/float64): the flag is read back at once.
-Status RunSpeculativeAllreduce(Executor& executor, DataPlane& plane,
-                               const std::vector<ReduceSlot>& slots, DataType dtype, ReduceOp op,
-                               double prescale, double postscale, int ranks, bool diverged,
-                               bool* agreed, const PhaseFn& phase);
-
 // Reducescatter of `input`: rank r keeps recv_counts[r] elements of the
 // reduced tensor; this rank's (`rank`'s) share is written to `output`.
 RunResult RunReducescatter(Executor& executor, DataPlane& plane, const void* input, void* output,

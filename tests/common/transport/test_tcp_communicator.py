@@ -15,16 +15,8 @@ import time
 import pytest
 
 from support import ROOT, run_sanitized_cpp_test
+from tfring.build.library import unit_test_sources
 from tfring.runner import wire
-
-TRANSPORT = os.path.join(ROOT, "tf_ops", "common", "transport")
-TESTS = os.path.join(ROOT, "tf_ops", "common", "tests")
-CORE = [os.path.join(TRANSPORT, "tcp", s) for s in (
-    "tcp_communicator.cc", "peer_frame.cc", "socket.cc", "wire.cc", "sha256.cc",
-    "rendezvous_client.cc")] + [
-    os.path.join(TRANSPORT, "communicator.cc"),
-    os.path.join(ROOT, "tf_ops", "common", "peer_monitor.cc"),
-    os.path.join(ROOT, "tf_ops", "common", "logging.cc")]
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -35,7 +27,7 @@ def comm_test(tmp_path_factory):
     tests (worlds of 1, 2 and 3 ranks on threads, worlds re-formed in one
     process, orderly close, bad arguments); yields the binary."""
     binary = tmp_path_factory.mktemp("tcp_comm") / "tcp_comm_test"
-    stdout = run_sanitized_cpp_test(binary, [os.path.join(TESTS, "tcp_comm_test.cc"), *CORE],
+    stdout = run_sanitized_cpp_test(binary, unit_test_sources("tcp_comm_test.cc", ROOT),
                                     flags=["-Wextra", "-pthread"])
     return str(binary), stdout
 
@@ -318,8 +310,7 @@ def test_short_seeded_fuzz_run_of_the_peer_frames(tmp_path):
     cmd = ["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined",
            "-fno-sanitize-recover=undefined", "-Wall", "-Wextra", "-Werror",
            "-DTFRING_SEEDED_DRIVER", "-o", str(binary),
-           os.path.join(TESTS, "fuzz", "fuzz_peer_frame.cc")] + [
-        os.path.join(TRANSPORT, "tcp", s) for s in ("peer_frame.cc", "wire.cc", "sha256.cc")]
+           *unit_test_sources("fuzz/fuzz_peer_frame.cc", ROOT)]
     build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     for seed in (1, 2):

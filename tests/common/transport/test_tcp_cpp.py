@@ -14,6 +14,7 @@ import time
 import pytest
 
 from support import ROOT
+from tfring.build.library import unit_test_sources
 from tfring.runner import wire
 from tfring.runner.topology import Registration, derive_topology
 from wire_support import HOST, refusals, running_store
@@ -21,17 +22,14 @@ from wire_support import HOST, refusals, running_store
 TCP = os.path.join(ROOT, "tf_ops", "common", "transport", "tcp")
 # Test sources sit under tf_ops/common/tests/, which no library build
 # compiles (the fuzz target in a subfolder, so Bazel makes no cc_test of it).
-TESTS = os.path.join(ROOT, "tf_ops", "common", "tests")
-SOURCES = ["sha256.cc", "wire.cc", "socket.cc", "rendezvous_client.cc", "topology.cc"]
 FLAGS = ["-std=c++17", "-O1", "-g", "-fsanitize=address,undefined",
          "-fno-sanitize-recover=undefined", "-Wall", "-Wextra", "-Werror"]
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 
-def build(out, main, sources, defines=()):
-    cmd = ["g++", *FLAGS, *defines, "-o", str(out), os.path.join(TESTS, main)] + [
-        os.path.join(TCP, s) for s in sources]
+def build(out, program, defines=()):
+    cmd = ["g++", *FLAGS, *defines, "-o", str(out), *unit_test_sources(program, ROOT)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return str(out)
@@ -39,8 +37,7 @@ def build(out, main, sources, defines=()):
 
 @pytest.fixture(scope="module")
 def client_test(tmp_path_factory):
-    return build(tmp_path_factory.mktemp("tcp") / "tcp_client_test", "tcp_client_test.cc",
-                 SOURCES)
+    return build(tmp_path_factory.mktemp("tcp") / "tcp_client_test", "tcp_client_test.cc")
 
 
 def run(binary, *args, secret=None, timeout=60):
@@ -143,9 +140,7 @@ def test_hostile_servers_give_typed_errors_not_hangs(client_test, behaviour, exp
 
 
 def test_short_seeded_fuzz_run_of_the_parser(tmp_path):
-    binary = build(tmp_path / "fuzz_wire", os.path.join("fuzz", "fuzz_wire.cc"),
-                   ["wire.cc", "sha256.cc", "topology.cc"],
-                   defines=["-DTFRING_SEEDED_DRIVER"])
+    binary = build(tmp_path / "fuzz_wire", "fuzz/fuzz_wire.cc", defines=["-DTFRING_SEEDED_DRIVER"])
     for seed in (1, 2):
         result = run(binary, seed, 30000, timeout=300)
         assert result.returncode == 0, result.stdout + result.stderr[-5000:]

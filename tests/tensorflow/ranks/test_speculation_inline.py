@@ -1,5 +1,5 @@
 """Speculated collectives run on the thread that submits them
-(TFRING_SPECULATION_INLINE, on by default; tf_ops/common/operations.cc,
+(TFRING_SPECULATION_INLINE, on by default; tf_ops/common/background_loop.cc,
 DriveInline): in the steady state a chain of allreduces inside a
 tf.function is run by TF's own threads, with no hand-off to the background
 thread, and still falls back cleanly when the ranks leave the schedule.

@@ -138,7 +138,7 @@ void FifoAndUnexpected(Communicator& c) {
 }
 
 // Large messages that arrive before their receive is posted wait in the
-// kernel (tcp_communicator.cc, kMaxHold). Every way out of that wait must
+// kernel (world.h, kMaxHold). Every way out of that wait must
 // deliver the right bytes in order: a receive for a message behind the held
 // one (it is buffered so the later one can be reached), the hold outlasting
 // its bound (when the heartbeat thread reads the header during the sleep),

@@ -52,7 +52,7 @@ enum class PeerFrameKind : uint8_t {
 constexpr uint64_t kMaxAbortBody = 1024;
 struct AbortNotice {
   uint32_t failed_rank = 0;
-  uint8_t cause = 0;   // the sender's typed cause (tcp_communicator.cc's PeerFailure)
+  uint8_t cause = 0;   // the sender's typed cause (world.h's PeerFailure)
   std::string detail;  // e.g. "3.1 s (heartbeat interval 1.0 s)"
 };
 std::string EncodeAbort(const AbortNotice& a);

@@ -3,6 +3,10 @@
 // every Split/Dup of it (a context id in each frame keeps their traffic
 // apart), and a heartbeat thread per world that notices a dead or silent
 // peer even while nobody polls. docs/wire.md specifies the bytes.
+//
+// Behind this header: handshake.h (the listening side of the peer
+// handshake), mesh.h (connecting the world), world.h (connections,
+// matching and progress; liveness.cc: heartbeats and failure spreading).
 #ifndef TFRING_TRANSPORT_TCP_TCP_COMMUNICATOR_H
 #define TFRING_TRANSPORT_TCP_TCP_COMMUNICATOR_H
 

@@ -1,0 +1,17 @@
+"""Builds and runs the C++ unit tests of speculation
+(tf_ops/common/tests/speculation_test.cc) under AddressSanitizer and UBSan:
+controllers in threads that skip negotiation in the steady state and fall
+back together, and the divergence flag in the fusion buffer. Needs no
+TensorFlow and no MPI."""
+import shutil
+
+import pytest
+
+from support import ROOT, run_sanitized_cpp_test
+from tfring.build.library import unit_test_sources
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_speculation_unit_tests(tmp_path):
+    run_sanitized_cpp_test(tmp_path / "speculation_test",
+                           unit_test_sources("speculation_test.cc", ROOT))

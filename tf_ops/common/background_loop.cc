@@ -1,0 +1,397 @@
+#include "background_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <pthread.h>
+#include <vector>
+
+#include "execution.h"
+#include "global_state.h"
+#include "logging.h"
+#include "ops/data_plane_selector.h"
+#include "speculation_run.h"
+#include "transport/communicator.h"
+
+namespace tfring {
+
+namespace {
+
+// Whether this thread already drives (holds drive_mu): the background thread,
+// or a submitting thread whose completion callback submits again inline.
+thread_local bool t_driving = false;
+
+// A negotiation round at least this long means the ranks are out of step.
+constexpr std::chrono::microseconds kInStepRound{500};
+// A submitting thread runs a speculated response itself only this soon
+// after the last one ran in step (DriveInline).
+constexpr std::chrono::microseconds kInlineGap{500};
+// How soon the loop looks again at collectives a device is running.
+constexpr std::chrono::microseconds kInFlightPoll{100};
+
+}  // namespace
+
+void WakeBackground() {
+  GlobalState& st = state();
+  {
+    std::lock_guard<std::mutex> lock(st.wake_mu);
+    st.wake = true;
+  }
+  st.wake_cv.notify_one();
+}
+
+namespace {
+
+// Bytes reduced by a cycle's responses: autotune's measure of progress.
+int64_t ReducedBytes(const ResponseList& list) {
+  int64_t bytes = 0;
+  for (const Response& r : list.responses) {
+    if (r.type != ResponseType::COLLECTIVE) continue;
+    if (r.collective != CollectiveType::ALLREDUCE && r.collective != CollectiveType::REDUCESCATTER)
+      continue;
+    for (int64_t n : r.tensor_sizes) bytes += n * DataTypeSize(r.dtype);
+  }
+  return bytes;
+}
+
+// Every rank applies the coordinator's tuned values at the same point.
+void ApplyTunedParams(const ResponseList& p) {
+  GlobalState& st = state();
+  st.cycle_time_ms = p.cycle_time_ms;
+  st.fusion_threshold_bytes = p.fusion_threshold_bytes;
+  st.shm_min_bytes = p.shm_min_bytes;
+  for (const auto& ps : st.process_sets.All()) {
+    if (!ps->included()) continue;
+    ps->controller->set_fusion_threshold(p.fusion_threshold_bytes);
+    if (auto* selector = dynamic_cast<DataPlaneSelector*>(ps->data_plane.get())) {
+      DataPlaneChoice choice = selector->choice();
+      choice.shm_min_bytes = p.shm_min_bytes;
+      selector->set_choice(choice);
+    }
+  }
+  TFRING_LOG(DEBUG) << "tuned values: fusion threshold " << p.fusion_threshold_bytes
+                    << " bytes, cycle time " << p.cycle_time_ms << " ms, shm cut-over "
+                    << p.shm_min_bytes << " bytes";
+}
+
+// Runs one negotiation round on every process set this rank belongs to.
+// Returns false when the job is shutting down; `why` then says why, and
+// `broken` whether communication itself failed (a dead peer, a transport error).
+// `negotiation` gets how long the global set's negotiation round took.
+bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* negotiation) {
+  GlobalState& st = state();
+  st.timeline.MarkCycle();
+  for (const auto& ps : st.process_sets.All()) {
+    // A set removed earlier in this round is gone on every rank alike.
+    if (!ps->included() || !st.process_sets.Get(ps->id)) continue;
+    // Collectives the device has finished since the last look complete first.
+    *executed += ps->in_flight.Poll();
+    RequestList mine;
+    ps->queue.PopRequests(&mine.requests);
+    if (ps->id == kGlobalProcessSetId && st.shutdown_requested) {
+      std::lock_guard<std::mutex> lock(st.reason_mu);
+      mine.shutdown = true;
+      mine.shutdown_reason = st.shutdown_reason;
+    }
+    ResponseList responses;
+    // Speculation needs the global set alone: a rank waiting inside a
+    // speculative collective must not be needed by another set's round.
+    ps->controller->set_speculation_allowed(st.config.speculation &&
+                                            ps->id == kGlobalProcessSetId &&
+                                            st.process_sets.All().size() == 1);
+    const auto round_start = Clock::now();
+    Status s = ps->controller->ComputeResponseList(mine, &responses);
+    if (ps->id == kGlobalProcessSetId) *negotiation = Clock::now() - round_start;
+    if (!s.ok()) {
+      *broken = true;
+      *why = s.message().rfind("tfring stopped", 0) == 0
+                 ? s
+                 : Status::Aborted("tfring stopped after a communication failure in process "
+                                   "set " + std::to_string(ps->id) + ": " + s.message());
+      return false;
+    }
+    if (st.timeline.enabled()) {
+      for (const Response& r : responses.responses)
+        for (const auto& name : r.tensor_names) st.timeline.NegotiateEnd(name);
+    }
+    // Tuned values take effect before this round's collectives run: a rank
+    // woken by one of them must already see the values of that round.
+    if (ps->id == kGlobalProcessSetId && responses.has_params) ApplyTunedParams(responses);
+    bool fell_back = false;
+    for (const Response& r : responses.responses) {
+      if (!r.speculative) {
+        PerformOperation(*ps, r);
+        continue;
+      }
+      // Every rank stops at the same flagged response; the rest of the
+      // list was handed out on this rank only.
+      if (fell_back) continue;
+      // Time spent waiting in the plane for a peer is what a negotiation
+      // round would have waited: it says whether the ranks run in step.
+      Clock::duration waited{};
+      const SpeculationOutcome outcome = PerformSpeculative(*ps, r, &waited);
+      ps->controller->SpeculationResult(outcome);
+      fell_back = outcome != SpeculationOutcome::AGREED;
+      if (ps->id == kGlobalProcessSetId) *negotiation += waited;
+    }
+    *executed += static_cast<int>(responses.responses.size());
+    *executed += ps->in_flight.Poll();
+    if (ps->id == kGlobalProcessSetId) {
+      if (st.tuner) {
+        st.tuner->RecordCycle(ReducedBytes(responses), std::chrono::steady_clock::now());
+        if (st.tuner->HasUpdate()) {
+          TunableParams p = st.tuner->TakeUpdate();
+          ps->controller->SendParams(p.fusion_threshold_bytes, p.cycle_time_ms, p.shm_min_bytes);
+        }
+      }
+    }
+    if (ps->id == kGlobalProcessSetId) {
+      const auto& c = ps->controller->speculation_stats();
+      std::lock_guard<std::mutex> lock(st.spec_mu);
+      st.spec_stats.entered = c.entered;
+      st.spec_stats.responses = c.responses;
+      st.spec_stats.fallbacks = c.fallbacks;
+      st.spec_stats.failures = c.failures;
+    }
+    if (ps->id == kGlobalProcessSetId && responses.shutdown) {
+      *why = Status::Aborted("tfring has been shut down: " + responses.shutdown_reason +
+                             ". Collectives can no longer run in this job.");
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void RequestShutdown(const std::string& reason) {
+  GlobalState& st = state();
+  {
+    std::lock_guard<std::mutex> lock(st.reason_mu);
+    if (st.shutdown_requested) return;
+    st.shutdown_reason = reason;
+  }
+  st.shutdown_requested = true;
+  WakeBackground();
+}
+
+namespace {
+
+// On each set's coordinator: warns about tensors some ranks have submitted
+// and others have not, every stall_check_time_s; past stall_shutdown_time_s
+// (when set) stops the job, so every rank gets an error naming the tensor
+// and the missing ranks instead of waiting forever.
+void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
+  GlobalState& st = state();
+  const Config& c = st.config;
+  if (c.stall_check_disabled) return;
+  const bool warn_due = c.stall_check_time_s > 0 &&
+                        std::chrono::steady_clock::now() - *last_warning >=
+                            std::chrono::duration<double>(c.stall_check_time_s);
+  const bool can_stop = c.stall_shutdown_time_s > 0;
+  if (!warn_due && !can_stop) return;
+  // Look at tensors old enough for whichever comes first, warning or stop.
+  double threshold = c.stall_check_time_s > 0 ? c.stall_check_time_s : c.stall_shutdown_time_s;
+  if (can_stop) threshold = std::min(threshold, c.stall_shutdown_time_s);
+  for (const auto& ps : st.process_sets.All()) {
+    if (!ps->included() || !ps->controller->is_coordinator()) continue;
+    for (const auto& stalled : ps->controller->StalledTensors(threshold)) {
+      std::string missing;
+      for (int r : stalled.second) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      std::string what = "tensor '" + stalled.first.name + "' in process set " +
+                         std::to_string(ps->id) + " has waited " +
+                         std::to_string(static_cast<int>(stalled.first.seconds)) +
+                         " s for ranks [" + missing + "] to submit it";
+      if (warn_due && stalled.first.seconds >= c.stall_check_time_s) {
+        TFRING_LOG(WARNING) << "Stall: " << what
+                            << ". Ranks must submit the same collectives; one of them may be "
+                               "stuck or on a different code path.";
+      }
+      if (can_stop && stalled.first.seconds >= c.stall_shutdown_time_s) {
+        RequestShutdown("a stall: " + what + " (TFRING_STALL_SHUTDOWN_TIME_SECONDS=" +
+                        std::to_string(static_cast<int>(c.stall_shutdown_time_s)) + ")");
+      }
+    }
+  }
+  if (warn_due) *last_warning = std::chrono::steady_clock::now();
+}
+
+// True while this rank has collectives submitted and not yet completed.
+bool HasPendingWork() {
+  for (const auto& ps : state().process_sets.All()) {
+    if (!ps->included()) continue;
+    if (ps->queue.size() > 0 || ps->controller->HasPendingHits() || !ps->in_flight.empty())
+      return true;
+  }
+  return false;
+}
+
+// True while a device is still running collectives this rank started.
+bool HasInFlight() {
+  for (const auto& ps : state().process_sets.All()) {
+    if (ps->included() && !ps->in_flight.empty()) return true;
+  }
+  return false;
+}
+
+// Under drive_mu, after a cycle that ran `executed` responses of which the
+// global set's took `negotiation` (for speculated ones: waiting for peers).
+void NoteCycle(int executed, Clock::duration negotiation) {
+  GlobalState& st = state();
+  if (executed == 0) return;
+  st.last_ran = Clock::now();
+  st.ran_in_step = negotiation < kInStepRound;
+}
+
+}  // namespace
+
+bool DriveInline(ProcessSet& ps) {
+  GlobalState& st = state();
+  if (t_driving || !st.config.speculation_inline || ps.id != kGlobalProcessSetId) return false;
+  std::unique_lock<std::mutex> drive(st.drive_mu, std::try_to_lock);
+  if (!drive.owns_lock()) return false;
+  if (!st.drive_open || st.inline_stop || st.shutdown_requested || !ps.controller->speculating() ||
+      !st.ran_in_step || Clock::now() - st.last_ran > kInlineGap ||
+      st.process_sets.All().size() != 1) {
+    return false;
+  }
+  std::vector<Deferred> done;
+  Status why;
+  bool broken = false;
+  int executed = 0;
+  bool ok;
+  {
+    DeferCompletions defer(&done);
+    t_driving = true;
+    Clock::duration negotiation{};
+    ok = RunLoopOnce(&why, &broken, &executed, &negotiation);
+    NoteCycle(executed, negotiation);
+    t_driving = false;
+    if (!ok) {
+      // The background thread stops the job, as if its own cycle had failed.
+      st.inline_stop = true;
+      st.inline_why = why;
+      st.inline_broken = broken;
+    } else {
+      st.inline_responses += executed;
+    }
+  }
+  // After a fallback the background thread negotiates what was held.
+  const bool still = ps.controller->speculating();
+  drive.unlock();
+  RunDeferred(&done);
+  return ok && executed > 0 && still;
+}
+
+// The cycle: negotiate, run what is ready, then wait. A submission wakes the
+// thread at once, so an idle job answers a new collective without waiting
+// for a tick. Otherwise it waits TFRING_CYCLE_TIME while collectives are
+// pending (other ranks may not have submitted them yet), and backs off to
+// kIdleCap when there is nothing at all, so an idle job costs almost no CPU.
+void BackgroundLoop() {
+  GlobalState& st = state();
+  // A name in /proc/<pid>/task/*/comm, so profiles (benchmarks/training.py
+  // --profile, perf, top -H) can tell this thread's CPU from TF's.
+  pthread_setname_np(pthread_self(), "tfring-bg");
+  using Clock = std::chrono::steady_clock;
+  auto cycle_now = [&] {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::milli>(st.cycle_time_ms.load()));
+  };
+  auto idle_wait = cycle_now();
+  auto last_stall_warning = Clock::now();
+  Status why;
+  bool broken = false;
+  // Eager polling only pays while the ranks run in step: then a peer answers
+  // within microseconds. A round that waited long (a peer still computing)
+  // or that had nothing to do (this rank idle) says they do not, and an
+  // eager wait would then spin for milliseconds on the CPU that the peer's
+  // (or this rank's) TF threads need: at np=2 on 2 cores that cost 10-15 ms
+  // of CPU per training step (benchmarks/RESULTS.md, the step breakdown).
+  bool in_step = false;
+  t_driving = true;
+  {
+    std::lock_guard<std::mutex> drive(st.drive_mu);
+    st.drive_open = true;
+    st.inline_stop = false;
+  }
+  while (true) {
+    int executed = 0;
+    bool pending = false, pending_after = false, go_on = true;
+    Clock::duration negotiation{};
+    std::vector<Deferred> done;
+    {
+      // The controllers are read and driven under drive_mu only.
+      std::lock_guard<std::mutex> drive(st.drive_mu);
+      DeferCompletions defer(&done);
+      go_on = !st.inline_stop;
+      if (!go_on) {
+        why = st.inline_why;
+        broken = st.inline_broken;
+      } else {
+        pending = HasPendingWork();
+        SetUrgentWaits(pending && in_step);
+        go_on = RunLoopOnce(&why, &broken, &executed, &negotiation);
+        NoteCycle(executed, negotiation);
+      }
+      if (go_on) {
+        CheckForStalls(&last_stall_warning);
+        pending_after = HasPendingWork();
+      } else {
+        // From here on no submitting thread touches the sets (they go below).
+        st.drive_open = false;
+      }
+    }
+    RunDeferred(&done);
+    if (!go_on) break;
+    in_step = pending && negotiation < kInStepRound;
+    const Clock::duration cycle = cycle_now();
+    const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
+    Clock::duration wait = cycle;
+    if (HasInFlight()) {
+      // A device may finish any moment: look again soon, not at the next tick.
+      wait = std::min<Clock::duration>(cycle, kInFlightPoll);
+      idle_wait = cycle;
+    } else if (executed == 0 && !pending_after) {
+      idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
+      wait = idle_wait;
+    } else {
+      idle_wait = cycle;
+    }
+    std::unique_lock<std::mutex> lock(st.wake_mu);
+    st.wake_cv.wait_for(lock, wait, [&] { return st.wake; });
+    st.wake = false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(st.enqueue_mu);
+    st.stopped = true;
+    st.stopped_status = why;
+  }
+  for (const auto& ps : st.process_sets.All()) {
+    // Outputs a device is still writing are handed back only once it is done.
+    ps->in_flight.Drain(kDrainSeconds, why);
+    ps->queue.FailAll(why);
+  }
+  st.timeline.Stop();
+  const bool can_restart = st.backend && st.backend->can_restart_after_failure();
+  if (broken) {
+    st.broken_can_restart = can_restart;
+    st.broken_backend = st.backend ? st.backend->name() : "";
+  }
+  if (broken && !can_restart) {
+    // Operations may still be pending on these communicators and a peer is
+    // gone: with a transport that cannot recover (MPI), freeing them could
+    // block. They are left to the process's end. A restartable transport
+    // tears its connections down, which is what lets it start again.
+    static auto* abandoned = new std::vector<std::shared_ptr<void>>();
+    for (const auto& ps : st.process_sets.All()) abandoned->push_back(ps);
+    abandoned->push_back(std::shared_ptr<Backend>(st.backend.release()));
+  }
+  // Free communicators on this thread, which is the one that used them.
+  st.process_sets.Clear();
+  st.backend.reset();
+  st.comm_broken = broken;
+  TFRING_LOG(DEBUG) << "background thread finished: " << why.message();
+}
+
+}  // namespace tfring

@@ -1,0 +1,338 @@
+#include "execution.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "global_state.h"
+
+namespace tfring {
+
+namespace {
+
+thread_local std::vector<Deferred>* t_deferred = nullptr;
+
+}  // namespace
+
+DeferCompletions::DeferCompletions(std::vector<Deferred>* into) : prev_(t_deferred) {
+  t_deferred = into;
+}
+DeferCompletions::~DeferCompletions() { t_deferred = prev_; }
+
+void RunDeferred(std::vector<Deferred>* list) {
+  for (auto& d : *list) d.callback(d.status, d.result);
+  list->clear();
+}
+
+void Complete(TensorTableEntry& e, const Status& s, int32_t result) {
+  state().timeline.End(e.name);
+  if (!e.callback) return;
+  if (t_deferred) {
+    t_deferred->push_back({std::move(e.callback), s, result});
+    return;
+  }
+  e.callback(s, result);
+}
+
+void Phase(const std::vector<std::string>& names, const std::string& what, Clock::time_point start) {
+  Timeline& t = state().timeline;
+  if (!t.enabled()) return;
+  for (const auto& name : names) t.Activity(name, what, start);
+}
+
+namespace {
+
+std::string PlanePhase(const DataPlane& plane, CollectiveType type) {
+  return std::string(plane.last_used()) + "_" + CollectiveName(type);
+}
+
+}  // namespace
+
+void CompleteQueued(ProcessSet& ps, const std::vector<std::string>& names, const Status& s) {
+  for (const auto& name : names) {
+    TensorTableEntry e;
+    if (ps.queue.Take(name, &e)) Complete(e, s);
+  }
+}
+
+Status Route(ProcessSet& ps, CollectiveType type, int32_t device, int64_t bytes, DataPlane** plane,
+             Executor** executor) {
+  *plane = ps.data_plane->Select(type, device, bytes);
+  return ps.executors.Get(device, (*plane)->on_gpu(), executor);
+}
+
+namespace {
+
+// Completes `entries` with the run's verdict now, or once the device has
+// finished. `keep` (scratch outputs) lives until then; a failed `alloc`
+// overrides a successful run.
+void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, RunResult run,
+                      Status alloc = Status::OK(), std::shared_ptr<void> keep = nullptr) {
+  if (!run.status.in_progress()) {
+    const Status s = alloc.ok() ? run.status : alloc;
+    for (auto& e : entries) Complete(e, s);
+    return;
+  }
+  auto held = std::make_shared<std::vector<TensorTableEntry>>(std::move(entries));
+  ps.in_flight.Add(std::move(run.pending), [held, alloc, keep](const Status& s) {
+    for (auto& e : *held) Complete(e, alloc.ok() ? s : alloc);
+  });
+}
+
+// Collectives other than the reductions have no executor steps yet: their
+// plane reads and writes the tensors directly, so it must work in the
+// tensors' memory. Host staging for them is still to come.
+Status CheckDirect(const DataPlane& plane, int32_t device, CollectiveType type) {
+  if (IsGpuDevice(device) && !plane.on_gpu()) {
+    return Status::InvalidArgument(std::string("tfring: ") + CollectiveName(type) +
+                                   " of tensors on " + DeviceName(device) +
+                                   " needs a GPU data plane; host staging only covers "
+                                   "allreduce and reducescatter so far");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+int64_t TotalBytes(const Response& r) {
+  int64_t n = 0;
+  for (int64_t c : r.tensor_sizes) n += c;
+  return n * DataTypeSize(r.dtype);
+}
+
+namespace {
+
+void PerformAllreduce(ProcessSet& ps, const Response& r) {
+  const size_t n = r.tensor_names.size();
+  std::vector<TensorTableEntry> mine;
+  std::vector<ReduceSlot> slots(n);
+  for (size_t i = 0; i < n; ++i) {
+    slots[i].count = r.tensor_sizes[i];
+    TensorTableEntry e;
+    // A rank that has joined has no entry: its slot stays empty (zeros).
+    if (!ps.queue.Take(r.tensor_names[i], &e)) continue;
+    slots[i].input = e.input;
+    slots[i].output = e.output;
+    mine.push_back(std::move(e));
+  }
+  const int32_t device = r.device_of(ps.rank);
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  RunResult run;
+  run.status = Route(ps, CollectiveType::ALLREDUCE, device, TotalBytes(r), &plane, &executor);
+  if (run.status.ok() && r.reduce_op == ReduceOp::ADASUM && !IsGpuDevice(device)) {
+    // Only some host planes implement Adasum: the selector, used as a plane,
+    // sends it to one that does.
+    plane = ps.data_plane.get();
+  }
+  if (run.status.ok()) {
+    auto phase = [&r](const std::string& what, Clock::time_point start) {
+      Phase(r.tensor_names, what, start);
+    };
+    run = RunAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
+                       r.postscale_factor, ps.size(), phase);
+  }
+  CompleteWhenDone(ps, std::move(mine), std::move(run));
+}
+
+// Allocates the entry's output; if that fails the rank still takes part in
+// the collective (through `scratch`) so the other ranks are not left waiting.
+// (Host memory: GPU outputs will need device scratch from their executor.)
+void* AllocateOrScratch(TensorTableEntry& e, const TensorShape& shape,
+                        std::shared_ptr<std::vector<char>>* scratch, Status* s) {
+  void* out = nullptr;
+  *s = e.allocate_output ? e.allocate_output(shape, &out)
+                         : Status::Unknown("tfring: no output allocator for '" + e.name + "'");
+  if (s->ok()) return out;
+  *scratch = std::make_shared<std::vector<char>>(
+      std::max<int64_t>(1, NumElements(shape) * DataTypeSize(e.dtype)));
+  return (*scratch)->data();
+}
+
+int64_t RowElements(const TensorShape& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+void PerformAllgather(ProcessSet& ps, const Response& r) {
+  TensorTableEntry e;
+  if (!ps.queue.Take(r.tensor_names[0], &e)) return;
+  const int64_t row_bytes = RowElements(e.shape) * DataTypeSize(e.dtype);
+  TensorShape out_shape = e.shape;
+  out_shape[0] = 0;
+  std::vector<int64_t> recv_bytes(ps.size());
+  int64_t total = 0;
+  for (int i = 0; i < ps.size(); ++i) {
+    out_shape[0] += r.tensor_sizes[i];
+    recv_bytes[i] = r.tensor_sizes[i] * row_bytes;
+    total += recv_bytes[i];
+  }
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  Status s = Route(ps, CollectiveType::ALLGATHER, e.device, total, &plane, &executor);
+  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::ALLGATHER);
+  if (!s.ok()) return Complete(e, s);
+  std::shared_ptr<std::vector<char>> scratch;
+  Status alloc;
+  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  const auto start = Clock::now();
+  s = plane->Allgather(e.input, out, recv_bytes);
+  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLGATHER), start);
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(e));
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, s.in_progress()), alloc, scratch);
+}
+
+void PerformBroadcast(ProcessSet& ps, const Response& r) {
+  TensorTableEntry e;
+  if (!ps.queue.Take(r.tensor_names[0], &e)) return;
+  const int64_t bytes = e.input_bytes();
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  Status s = Route(ps, CollectiveType::BROADCAST, e.device, bytes, &plane, &executor);
+  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::BROADCAST);
+  if (!s.ok()) return Complete(e, s);
+  bool queued = false;
+  const bool fused = plane->broadcasts_out_of_place();
+  if (!fused && ps.rank == r.root_rank && e.output != e.input) {
+    s = executor->Copy(e.output, e.input, bytes);
+    queued |= s.in_progress();
+  }
+  const auto start = Clock::now();
+  if (s.ok() || s.in_progress()) {
+    s = fused ? plane->BroadcastOutOfPlace(e.input, e.output, bytes, r.root_rank)
+              : plane->Broadcast(e.output, bytes, r.root_rank);
+    queued |= s.in_progress();
+  }
+  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::BROADCAST), start);
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(e));
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, queued));
+}
+
+void PerformAlltoall(ProcessSet& ps, const Response& r) {
+  TensorTableEntry e;
+  if (!ps.queue.Take(r.tensor_names[0], &e)) return;
+  const int n = ps.size();
+  const int64_t row_bytes = RowElements(e.shape) * DataTypeSize(e.dtype);
+  std::vector<int64_t> send(n), recv(n), received_splits(n);
+  TensorShape out_shape = e.shape;
+  out_shape[0] = 0;
+  int64_t total = 0;
+  for (int j = 0; j < n; ++j) {
+    send[j] = r.tensor_sizes[ps.rank * n + j] * row_bytes;
+    received_splits[j] = r.tensor_sizes[j * n + ps.rank];
+    recv[j] = received_splits[j] * row_bytes;
+    out_shape[0] += received_splits[j];
+    total += send[j];
+  }
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  Status s = Route(ps, CollectiveType::ALLTOALL, e.device, total, &plane, &executor);
+  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::ALLTOALL);
+  if (!s.ok()) return Complete(e, s);
+  std::shared_ptr<std::vector<char>> scratch;
+  Status alloc;
+  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  const auto start = Clock::now();
+  s = plane->Alltoall(e.input, send, out, recv);
+  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLTOALL), start);
+  // The splits are known now; the output's bytes only once the device is done.
+  if ((s.ok() || s.in_progress()) && alloc.ok() && e.set_received_splits) {
+    e.set_received_splits(received_splits);
+  }
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(e));
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, s.in_progress()), alloc, scratch);
+}
+
+void PerformReducescatter(ProcessSet& ps, const Response& r) {
+  TensorTableEntry e;
+  if (!ps.queue.Take(r.tensor_names[0], &e)) return;
+  const int n = ps.size();
+  const int64_t rows = e.shape[0], row_elems = RowElements(e.shape);
+  std::vector<int64_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = (rows / n + (i < rows % n ? 1 : 0)) * row_elems;
+  TensorShape out_shape = e.shape;
+  out_shape[0] = counts[ps.rank] / std::max<int64_t>(row_elems, 1);
+  if (row_elems == 0) out_shape[0] = rows / n + (ps.rank < rows % n ? 1 : 0);
+
+  DataPlane* plane = nullptr;
+  Executor* executor = nullptr;
+  Status s = Route(ps, CollectiveType::REDUCESCATTER, e.device, e.input_bytes(), &plane, &executor);
+  if (!s.ok()) return Complete(e, s);
+  std::shared_ptr<std::vector<char>> scratch;
+  Status alloc;
+  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  auto phase = [&r](const std::string& what, Clock::time_point start) {
+    Phase(r.tensor_names, what, start);
+  };
+  RunResult run = RunReducescatter(*executor, *plane, e.input, out, counts, ps.rank, e.dtype,
+                                   r.reduce_op, r.prescale_factor, r.postscale_factor, phase);
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(e));
+  CompleteWhenDone(ps, std::move(entries), std::move(run), alloc, scratch);
+}
+
+void PerformAddProcessSet(ProcessSet& global, const Response& r) {
+  TensorTableEntry e;
+  const bool have = global.queue.Take(r.tensor_names[0], &e);
+  auto set = std::make_shared<ProcessSet>();
+  set->id = r.int_result;
+  set->ranks.assign(r.ranks.begin(), r.ranks.end());
+  // Every rank takes part in creating the communicator, members or not.
+  Status s = state().backend->CreateProcessSet(set.get(), state().config);
+  if (s.ok() && set->controller) set->controller->set_timeline(&state().timeline);
+  if (s.ok()) state().process_sets.Add(set);
+  if (have) Complete(e, s, set->id);
+}
+
+void PerformRemoveProcessSet(ProcessSet& global, const Response& r) {
+  TensorTableEntry e;
+  const bool have = global.queue.Take(r.tensor_names[0], &e);
+  const int32_t id = static_cast<int32_t>(r.ranks.empty() ? -1 : r.ranks[0]);
+  Status s;
+  std::shared_ptr<ProcessSet> removed;
+  if (id == kGlobalProcessSetId) {
+    s = Status::InvalidArgument("tfring: the global process set (id 0) cannot be removed");
+  } else if (!(removed = state().process_sets.Remove(id))) {
+    s = Status::InvalidArgument("tfring: there is no process set with id " + std::to_string(id));
+  } else {
+    const Status gone = Status::InvalidArgument(
+        "tfring: process set " + std::to_string(id) + " was removed while this collective waited");
+    removed->in_flight.Drain(kDrainSeconds, gone);
+    removed->queue.FailAll(gone);
+  }
+  if (have) Complete(e, s);
+}
+
+}  // namespace
+
+void PerformOperation(ProcessSet& ps, const Response& r) {
+  if (r.type == ResponseType::ERROR) {
+    return CompleteQueued(ps, r.tensor_names, Status::PreconditionError(r.error_message));
+  }
+  switch (r.collective) {
+    case CollectiveType::ALLREDUCE: PerformAllreduce(ps, r); break;
+    case CollectiveType::ALLGATHER: PerformAllgather(ps, r); break;
+    case CollectiveType::BROADCAST: PerformBroadcast(ps, r); break;
+    case CollectiveType::ALLTOALL: PerformAlltoall(ps, r); break;
+    case CollectiveType::REDUCESCATTER: PerformReducescatter(ps, r); break;
+    case CollectiveType::ADD_PROCESS_SET: PerformAddProcessSet(ps, r); break;
+    case CollectiveType::REMOVE_PROCESS_SET: PerformRemoveProcessSet(ps, r); break;
+    case CollectiveType::BARRIER: {
+      TensorTableEntry e;
+      const bool have = ps.queue.Take(r.tensor_names[0], &e);
+      Status s = ps.data_plane->Select(CollectiveType::BARRIER, kCpuDevice, 0)->Barrier();
+      if (have) Complete(e, s);
+      break;
+    }
+    case CollectiveType::JOIN: {
+      TensorTableEntry e;
+      if (ps.queue.Take(kJoinTensorName, &e)) Complete(e, Status::OK(), r.int_result);
+      break;
+    }
+  }
+}
+
+}  // namespace tfring

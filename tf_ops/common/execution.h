@@ -1,0 +1,74 @@
+// Running negotiated responses on a process set: each Perform* issues every
+// data-plane call of a response before returning, so each plane sees the
+// same order on every rank; a device may finish later, and its tensors then
+// complete from the set's in-flight list (in_flight.h). Completions can be
+// deferred until the driving thread lets go (DeferCompletions). Internal to
+// tf_ops/common: the background loop and speculation_run.cc call it.
+#ifndef TFRING_COMMON_EXECUTION_H
+#define TFRING_COMMON_EXECUTION_H
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "executor.h"
+#include "message.h"
+#include "process_set.h"
+#include "status.h"
+#include "tensor_queue.h"
+
+namespace tfring {
+
+using Clock = std::chrono::steady_clock;
+
+// Waits at shutdown for collectives a device is still running.
+constexpr double kDrainSeconds = 10.0;
+
+// Completions of a cycle, handed to their callbacks once the driving thread
+// has let go of drive_mu: a callback makes TF start the op that consumes the
+// result, which submits at once, and that submission should find nobody
+// driving, so that it runs its collective itself (DriveInline) rather than
+// hand it to the background thread.
+struct Deferred {
+  DoneCallback callback;
+  Status status;
+  int32_t result;
+};
+
+// While one lives, Complete() on this thread queues callbacks into `into`
+// instead of calling them; RunDeferred calls them later.
+class DeferCompletions {
+ public:
+  explicit DeferCompletions(std::vector<Deferred>* into);
+  ~DeferCompletions();
+
+ private:
+  std::vector<Deferred>* prev_;
+};
+
+void RunDeferred(std::vector<Deferred>* list);
+
+// Ends the entry's timeline span and hands it its result.
+void Complete(TensorTableEntry& e, const Status& s, int32_t result = -1);
+
+// Records one phase of running `names` on the timeline, e.g. "MPI_ALLREDUCE"
+// (the plane that ran it, then the collective).
+void Phase(const std::vector<std::string>& names, const std::string& what, Clock::time_point start);
+
+// Completes those of `names` this rank has queued with `s`.
+void CompleteQueued(ProcessSet& ps, const std::vector<std::string>& names, const Status& s);
+
+// The plane and executor for a collective of `bytes` on `device`.
+Status Route(ProcessSet& ps, CollectiveType type, int32_t device, int64_t bytes, DataPlane** plane,
+             Executor** executor);
+
+// The bytes of a response's tensors (of this rank's share: element counts
+// times the dtype's size).
+int64_t TotalBytes(const Response& r);
+
+// Starts one negotiated response (or completes its tensors with its error).
+void PerformOperation(ProcessSet& ps, const Response& r);
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_EXECUTION_H

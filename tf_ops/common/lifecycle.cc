@@ -1,0 +1,165 @@
+// init() and shutdown(), and what they leave behind: whether tfring runs,
+// the job's topology, and whether it may start again (operations.h).
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "background_loop.h"
+#include "global_state.h"
+#include "logging.h"
+#include "operations.h"
+
+namespace tfring {
+
+namespace {
+
+// Under lifecycle_mu: whether tfring runs, else whether it may start again.
+Status CheckCanStartLocked(bool* running) {
+  GlobalState& st = state();
+  {
+    std::lock_guard<std::mutex> elock(st.enqueue_mu);
+    *running = st.running && !st.stopped;
+    if (*running) return Status::OK();
+  }
+  // The previous job ended (shutdown() here, or another rank stopped it).
+  if (st.background.joinable()) st.background.join();
+  if (st.comm_broken && !st.broken_can_restart) {
+    return Status::Aborted("tfring cannot start again in this process: communication broke "
+                           "down earlier, and the " + st.broken_backend +
+                           " transport cannot recover from that (" +
+                           st.stopped_status.message() + ")");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status CheckCanStart(bool* running) {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  return CheckCanStartLocked(running);
+}
+
+Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  bool running = false;
+  TFRING_RETURN_IF_ERROR(CheckCanStartLocked(&running));
+  if (running) return Status::OK();
+  if (!backend) return Status::InvalidArgument("tfring: Initialize() needs a backend");
+
+  st.config = config;
+  st.shutdown_requested = false;
+  st.shutdown_reason.clear();
+  SetLogging(st.config.log_level, st.config.log_timestamps, backend->rank());
+  // A first global set, on the fallback plane only, learns the topology; the
+  // real one is then built knowing which ranks share a host (for shared
+  // memory and the cross-host planes).
+  auto bootstrap = std::make_shared<ProcessSet>();
+  for (int r = 0; r < backend->size(); ++r) bootstrap->ranks.push_back(r);
+  TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(bootstrap.get(), st.config));
+  Topology topo;
+  std::vector<PeerMonitor::Peer> peers;
+  std::string real_host;
+  std::vector<std::string> hosts;
+  TFRING_RETURN_IF_ERROR(
+      ComputeTopology(*bootstrap, st.config, &topo, &peers, &real_host, &hosts));
+  backend->set_peer_monitor(std::make_shared<PeerMonitor>(topo.rank, real_host, peers));
+  backend->set_hosts(hosts);
+  auto global = std::make_shared<ProcessSet>();
+  global->id = kGlobalProcessSetId;
+  global->ranks = bootstrap->ranks;
+  TFRING_RETURN_IF_ERROR(backend->CreateProcessSet(global.get(), st.config));
+  bootstrap.reset();
+
+  if (topo.rank == 0 && !st.config.timeline_path.empty()) {
+    TFRING_RETURN_IF_ERROR(st.timeline.Start(st.config.timeline_path, st.config.timeline_mark_cycles));
+  }
+  global->controller->set_timeline(&st.timeline);
+  st.cycle_time_ms = st.config.cycle_time_ms;
+  st.fusion_threshold_bytes = st.config.fusion_threshold_bytes;
+  st.shm_min_bytes = st.config.shm_min_bytes;
+  st.tuner.reset();
+  if (topo.rank == 0 && st.config.autotune) {
+    TunableParams initial{st.config.fusion_threshold_bytes, st.config.cycle_time_ms,
+                          st.config.shm_min_bytes};
+    st.tuner.reset(new ParameterManager(st.config, initial));
+  }
+  st.topo = topo;
+  // Communication works again (a restartable backend after a failure).
+  st.comm_broken = false;
+  st.broken_can_restart = false;
+  st.broken_backend.clear();
+  st.backend = std::move(backend);
+  st.process_sets.Clear();
+  st.process_sets.Add(global);
+  {
+    std::lock_guard<std::mutex> elock(st.enqueue_mu);
+    st.stopped = false;
+    st.stopped_status = Status::OK();
+  }
+  st.ever_initialized = true;
+  st.running = true;
+  st.background = std::thread(BackgroundLoop);
+  TFRING_LOG(DEBUG) << "initialised over " << st.backend->name() << ": size " << topo.size
+                    << ", local rank " << topo.local_rank << " of " << topo.local_size;
+  return Status::OK();
+}
+
+Status Shutdown(const std::string& reason) {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  if (!st.running) return Status::OK();
+  RequestShutdown("rank " + std::to_string(st.topo.rank) +
+                  (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason));
+  if (st.background.joinable()) st.background.join();
+  {
+    std::lock_guard<std::mutex> elock(st.enqueue_mu);
+    st.stopped_status = Status::PreconditionError(
+        "tfring has been shut down on this rank (shutdown() was called); call init() to start it "
+        "again.");
+  }
+  st.running = false;
+  return Status::OK();
+}
+
+bool IsInitialized() {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.enqueue_mu);
+  return st.running && !st.stopped;
+}
+
+Status CheckInitialized() {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.enqueue_mu);
+  if (!st.ever_initialized) {
+    return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
+  }
+  if (st.stopped) return st.stopped_status;
+  return Status::OK();
+}
+
+Status CheckTopologyKnown() {
+  GlobalState& st = state();
+  std::lock_guard<std::mutex> lock(st.enqueue_mu);
+  if (!st.ever_initialized) {
+    return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
+  }
+  return Status::OK();
+}
+
+int Rank() { return state().topo.rank; }
+int Size() { return state().topo.size; }
+int LocalRank() { return state().topo.local_rank; }
+int LocalSize() { return state().topo.local_size; }
+int CrossRank() { return state().topo.cross_rank; }
+int CrossSize() { return state().topo.cross_size; }
+bool IsHomogeneous() { return state().topo.homogeneous; }
+bool CommunicationBroken() { return state().comm_broken; }
+
+bool MPIThreadsSupported() {
+  GlobalState& st = state();
+  return st.backend && st.backend->threads_supported();
+}
+
+}  // namespace tfring
