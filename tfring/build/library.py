@@ -155,6 +155,7 @@ _TCP_WIRE = ["transport/tcp/sha256.cc", "transport/tcp/wire.cc"]
 UNIT_TEST_SOURCES = {
     "core_test.cc": _NEGOTIATION_PIECES,
     "speculation_test.cc": _NEGOTIATION_PIECES,
+    "reduction_test.cc": ["reduction.cc", "common.cc"],
     "shm_test.cc": ["reduction.cc", "common.cc", "peer_monitor.cc", "logging.cc", "config.cc",
                     "fusion_buffer.cc", "ops/shm_segment.cc", "ops/shm_data_plane.cc"],
     "tcp_client_test.cc": _TCP_WIRE + ["transport/tcp/socket.cc",
