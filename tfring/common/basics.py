@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 
+from tfring._store import rendezvous
 from tfring.common import loader
 
 # Core status codes (tf_ops/common/status.h).
@@ -129,9 +130,8 @@ def _serve_rendezvous_if_asked(env=None):
                          "a served store needs the fixed port the other ranks know.")
     bind = env.get("TFRING_BIND_HOST", "").strip() or (
         "127.0.0.1" if _is_loopback(addr) else "0.0.0.0")
-    from tfring import runner
     try:
-        _rendezvous_server, _, _ = runner.start_rendezvous(bind, int(port_text))
+        _rendezvous_server = rendezvous.start_server(bind, int(port_text))
     except OSError as e:
         raise_for_status(_PRECONDITION, f"TFRING_RENDEZVOUS_SERVE=1: cannot serve the "
                                         f"rendezvous store on {bind}:{port_text}: "

@@ -26,9 +26,10 @@ import time
 
 import ray
 
-from tfring.runner import engine_env, start_rendezvous, wire
+from tfring._store import wire
+from tfring.runner import engine_env, start_rendezvous
 from tfring.runner.elastic.rounds import Rounds
-from tfring.runner.rendezvous import RendezvousClient
+from tfring._store.rendezvous import RendezvousClient
 
 _POLL_SECONDS = 0.1
 _SPAWN_INTERVAL = 1.0

@@ -30,7 +30,8 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from tfring.runner import engine_env, launch, start_rendezvous, wire
+from tfring._store import wire
+from tfring.runner import engine_env, launch, start_rendezvous
 from tfring.runner.supervisor import format_ranks
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

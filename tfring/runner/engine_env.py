@@ -16,7 +16,9 @@ pyspark or TensorFlow.
 """
 import collections
 
-from tfring.runner import launch, rank_wrapper, wire
+from tfring._store import elastic_protocol as protocol
+from tfring._store import wire
+from tfring.runner import launch, rank_wrapper
 
 
 def place_ranks(hosts):
@@ -145,7 +147,6 @@ def elastic_worker_environment(worker_id, host, rendezvous_addr, rendezvous_port
         >>> env["TFRING_ELASTIC_WORKER"]
         '3'
     """
-    from tfring.runner.elastic import protocol
     if not host or not isinstance(host, str):
         raise ValueError(f"elastic worker {worker_id} reported no host name ({host!r})")
     env = dict(extra or {})

@@ -38,7 +38,8 @@ import tempfile
 
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import mpiexec as mpiexec_mod
-from tfring.runner import rank_env, rank_wrapper, wire
+from tfring._store import wire
+from tfring.runner import rank_env, rank_wrapper
 from tfring.runner.supervisor import RankProcessesLaunch, RankSpec, Supervisor
 
 _DESCRIPTION = "Run a tfring (Horovod-compatible) training job on one or more hosts."
@@ -504,7 +505,7 @@ def tcp_rank_env(placement, remote, bind_host, interfaces, fake_hosts=None):
 
 
 def _launch_tcp(args, hosts, num_proc, command, extra_env):
-    from tfring.runner import rendezvous
+    from tfring._store import rendezvous
     job = _Job(args, hosts, num_proc)
     if job.remote and shutil.which("ssh") is None:
         return _fail(f"ssh was not found on PATH; --tcp starts the ranks on "

@@ -31,7 +31,8 @@ import uuid
 
 from pyspark import cloudpickle
 
-from tfring.runner import engine_env, launch, rendezvous, start_rendezvous, wire
+from tfring._store import rendezvous, wire
+from tfring.runner import engine_env, launch, start_rendezvous
 from tfring.spark import _report
 
 # After a failed stage, how long the driver waits for a failed rank's report,

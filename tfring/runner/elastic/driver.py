@@ -7,7 +7,7 @@ ones as subprocesses, others over ssh, each under the rank wrapper, which
 ends the worker when the driver goes away) and decides each *round*: which
 workers form the job and with which rank. The oldest surviving worker is
 rank 0, so the state it broadcasts after a reset is one that was trained.
-Rounds are published in the store (:mod:`~tfring.runner.elastic.protocol`);
+Rounds are published in the store (:mod:`tfring._store.elastic_protocol`);
 workers take them at ``init()``, which ``elastic.run`` calls again after a
 lost peer or at a commit that sees a newer round.
 
@@ -47,8 +47,9 @@ import threading
 import time
 
 from tfring.runner import hosts as hosts_mod
-from tfring.runner import rank_wrapper, rendezvous, wire, wrapper_link
-from tfring.runner.elastic import protocol
+from tfring._store import elastic_protocol as protocol
+from tfring._store import rendezvous, wire
+from tfring.runner import rank_wrapper, wrapper_link
 from tfring.runner.elastic.rounds import Rounds
 from tfring.runner.supervisor import _feed, describe_exit, remote_environment
 from tfring.runner.wrapper_link import WrapperListener
