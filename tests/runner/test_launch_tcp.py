@@ -25,7 +25,7 @@ import pytest
 
 from launch_support import (LAUNCH_TIMEOUT, RANK_AND_SIZE, RECORD_PIDS, REPO, assert_all_gone,
                             rank_lines, tfringrun, wait_for_files)
-from tfring.runner import hosts, launch, rank_wrapper, wire
+from tfring.runner import hosts, launch, rank_wrapper, remote, wire
 from tfring.runner.rendezvous import RendezvousClient
 
 # Prints the rank's place in the job and proves the store and the secret
@@ -344,9 +344,9 @@ def test_tcp_rank_env_places_ranks_host_by_host():
 
 def test_ssh_command_shape(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert launch.ssh_command("h", ["python", "a b"]) == [
+    assert remote.ssh_command("h", ["python", "a b"]) == [
         "ssh", "-o", "BatchMode=yes", "h", f"cd {tmp_path} && exec python 'a b'"]
-    assert launch.ssh_command("h", ["x"], 22, "~/k")[:7] == [
+    assert remote.ssh_command("h", ["x"], 22, "~/k")[:7] == [
         "ssh", "-o", "BatchMode=yes", "-p", "22", "-i", os.path.expanduser("~/k")]
 
 

@@ -36,11 +36,12 @@ import subprocess
 import sys
 import tempfile
 
+from tfring._store import wire
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import mpiexec as mpiexec_mod
-from tfring._store import wire
-from tfring.runner import rank_env, rank_wrapper
-from tfring.runner.supervisor import RankProcessesLaunch, RankSpec, Supervisor
+from tfring.runner import rank_env, rank_wrapper, remote
+from tfring.runner.processes import RankProcessesLaunch, RankSpec
+from tfring.runner.supervisor import Supervisor
 
 _DESCRIPTION = "Run a tfring (Horovod-compatible) training job on one or more hosts."
 
@@ -448,36 +449,13 @@ def _launch_mpi(args, hosts, num_proc, command, extra_env, mpiexec):
         return code
 
 
-def ssh_command(host, remote_command, port=None, identity_file=None):
-    """The argv that runs `remote_command` (a list) on `host` over ssh, from
-    this directory. BatchMode: a host that would ask for a password or an
-    unknown host key fails at once instead of waiting for an answer that
-    never comes (stdin carries the rank's environment)."""
-    cmd = ["ssh", "-o", "BatchMode=yes"]
-    if port is not None:
-        cmd += ["-p", str(port)]
-    if identity_file:
-        cmd += ["-i", os.path.abspath(os.path.expanduser(identity_file))]
-    return cmd + [host, f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(remote_command)}"]
-
-
-def fake_host_names(env=os.environ):
-    """The per-rank host names of ``TFRING_HOSTNAME=a,a,b`` (alias
-    ``HOROVOD_HOSTNAME``), which fakes hosts on one machine (rank r is on the
-    r-th; ranks past the list on this machine); None for a single name or none.
-    Under MPI the core picks its name by rank; under TCP a rank knows its
-    rank only after the rendezvous, so tfringrun hands each its own name."""
-    value = env.get("TFRING_HOSTNAME") or env.get("HOROVOD_HOSTNAME") or ""
-    return [n.strip() for n in value.split(",")] if "," in value else None
-
-
 def tcp_rank_env(placement, remote, bind_host, interfaces, fake_hosts=None):
     """{rank: variables} for the ranks' place in the job: the rank tfringrun
     expects (``TFRING_RANK``), ``TFRING_HOST_ORDER`` (the host's index
     in the host list) and ``TFRING_LOCAL_SLOT`` (the rank's slot on it), and
     where it listens. Every name of this machine counts as one host, so
     ``-H localhost:2,127.0.0.1:2`` places four ranks on one host, unless
-    `fake_hosts` (see :func:`fake_host_names`) splits it into fake hosts: then
+    `fake_hosts` (see :func:`tfring.runner.remote.fake_host_names`) splits it into fake hosts: then
     each local rank gets its fake name as ``TFRING_HOSTNAME``, and hosts are
     ordered by first appearance, so the ranks the core derives are tfringrun's."""
     order, slots, env = {}, {}, {}
@@ -527,12 +505,12 @@ def _launch_tcp(args, hosts, num_proc, command, extra_env):
         env[wire.SECRET_ENV] = wire.encode_secret(secret)
         supervisor = job.supervisor(bind, advertise)
         per_rank = tcp_rank_env(job.placement, job.remote, bind, job.interfaces,
-                                fake_host_names())
+                                remote.fake_host_names())
         specs = []
         for name, ranks in job.placement.items():
             for rank in ranks:
                 if name in job.remote:
-                    argv = ssh_command(name, job.wrapper_command(supervisor, command, True),
+                    argv = remote.ssh_command(name, job.wrapper_command(supervisor, command, True),
                                        args.ssh_port, args.ssh_identity_file)
                     specs.append(RankSpec(rank, argv, per_rank[rank], remote=True,
                                           what=f"ssh {name}"))
