@@ -1,8 +1,31 @@
-"""Layering of the C++ sources: MPI lives only in tf_ops/common/mpi/ and the
-MPI data plane, so that a build with TFRING_WITH_MPI=0 (which leaves exactly
-those files out) compiles, and the core's start-up and planes stay
-transport-neutral. (tests/common/test_core_cpp.py keeps TensorFlow out of the
-core the same way.)"""
+"""Layering of the sources.
+
+C++: MPI lives only in tf_ops/common/mpi/ and the MPI data plane, so that a
+build with TFRING_WITH_MPI=0 (which leaves exactly those files out) compiles,
+and the core's start-up and planes stay transport-neutral.
+(tests/common/test_core_cpp.py keeps TensorFlow out of the core the same way.)
+
+Python: tfring's packages form layers, and a module imports (at module level
+or inside a function) only from its own package, from the layers below it,
+or the top package ``tfring`` itself (its version); a ``__main__`` module is
+a program (``python -m``) on top of everything. From the bottom:
+
+1. ``tfring._store`` (the wire, the rendezvous store, the elastic protocol),
+   ``tfring.build`` (building the op library) and ``tfring.migrate`` (the
+   source rewriter): nothing else of tfring.
+2. ``tfring.common``: the core's handle, lifecycle, process sets and the
+   elastic worker; no launcher, no framework binding.
+3. ``tfring.runner``: tfringrun and its pieces (no TensorFlow).
+   ``tfring.tensorflow`` and ``tfring.keras``, the framework bindings, on
+   the same level, which may import each other but not the launcher.
+4. ``tfring.ray`` and ``tfring.spark``: launchers over other schedulers,
+   built on tfring.runner (and Spark's Keras estimator on tfring.keras).
+
+And no import cycle among tfring's modules: an import names the module it
+reads (``from tfring.x import y`` reads tfring.x.y when that is a module,
+else tfring.x), and following those edges never comes back.
+"""
+import ast
 import os
 import re
 
@@ -83,3 +106,167 @@ def test_the_check_finds_mpi_includes(tmp_path):
         (os.path.join("tf_ops", "python_module.cc"), 2),
         (os.path.join("tf_ops", "python_module.cc"), 4),
     ], found
+
+
+# The packages each package of tfring may import from, besides itself and
+# the top package (see the docstring).
+_BOTTOM = {"_store", "build", "migrate"}
+ALLOWED = {
+    "_store": set(), "build": set(), "migrate": set(),
+    "common": {"_store", "build"},
+    "runner": {"_store", "build", "common"},
+    "tensorflow": {"_store", "build", "common", "keras"},
+    "keras": {"_store", "build", "common", "tensorflow"},
+    "ray": {"_store", "build", "common", "runner"},
+    "spark": {"_store", "build", "common", "runner", "tensorflow", "keras"},
+}
+
+
+def python_modules(root):
+    """{module name: path} of every module under root/tfring, but the
+    record an in-place build writes (tfring/_build_info.py, not a source)."""
+    found = {}
+    for dirpath, _, filenames in os.walk(os.path.join(root, "tfring")):
+        for name in filenames:
+            if name.endswith(".py") and name != "_build_info.py":
+                path = os.path.join(dirpath, name)
+                parts = os.path.relpath(path, root)[:-3].split(os.sep)
+                found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _nearest(name, modules):
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(root):
+    """{module: {(imported module, line)}} over every import in tfring,
+    function-level ones included; imports of other projects are left out."""
+    modules = python_modules(root)
+    graph = {}
+    for module, path in modules.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [_nearest(a.name, modules) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package
+                    for _ in range(node.level - 1):
+                        anchor = anchor.rpartition(".")[0]
+                    base = f"{anchor}.{base}" if base else anchor
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules
+                           else _nearest(base, modules) for a in node.names]
+            else:
+                continue
+            edges |= {(t, node.lineno) for t in targets if t and t != module}
+        graph[module] = edges
+    return graph
+
+
+def _layer(module):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None  # None: the top package
+
+
+def layer_violations(root):
+    """"module:line imports other" for each import that reaches up a layer."""
+    found = []
+    for module, edges in sorted(import_graph(root).items()):
+        own = _layer(module)
+        if own is None or module.endswith(".__main__"):
+            continue
+        for target, line in sorted(edges):
+            other = _layer(target)
+            if other is not None and other != own and other not in ALLOWED.get(own, ()):
+                found.append(f"{module}:{line} imports {target}")
+    return found
+
+
+def import_cycles(root):
+    """One cycle [a, b, ..., a] for each group of modules that import each
+    other (a strongly connected component of the import graph)."""
+    graph = {m: sorted({t for t, _ in edges}) for m, edges in import_graph(root).items()}
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's algorithm; tfring's graph is shallow enough to recurse
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for group in groups:
+        start = min(group)
+        paths, seen = {start: [start]}, {start}
+        todo = [start]
+        while todo:  # the shortest way from start back to itself inside the group
+            v = todo.pop(0)
+            for w in graph[v]:
+                if w == start:
+                    todo = []
+                    cycles.append(paths[v] + [start])
+                    break
+                if w in group and w not in seen:
+                    seen.add(w)
+                    paths[w] = paths[v] + [w]
+                    todo.append(w)
+    return sorted(cycles)
+
+
+def test_each_python_layer_imports_only_the_layers_below():
+    assert set(ALLOWED) == {_layer(m) for m in python_modules(ROOT)} - {None}, \
+        "a new package of tfring needs its place in ALLOWED (and the docstring)"
+    assert layer_violations(ROOT) == []
+
+
+def test_no_import_cycle_among_tfring_modules():
+    cycles = import_cycles(ROOT)
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_python_checks_find_cycles_and_layer_breaks(tmp_path):
+    """The checks themselves, on a made-up tfring: a cycle through a
+    function-level and a relative import, and common reaching up to runner
+    (which its __main__ may)."""
+    files = {
+        "tfring/__init__.py": "",
+        "tfring/common/__init__.py": "",
+        "tfring/common/basics.py": "from tfring.common import process_sets\n",
+        "tfring/common/process_sets.py": "def f():\n    from . import basics\n",
+        "tfring/common/elastic.py": "import os\nfrom tfring.runner.wire import frame\n",
+        "tfring/common/__main__.py": "from tfring.runner import launch\n",
+        "tfring/runner/__init__.py": "from tfring.runner import launch\n",
+        "tfring/runner/launch.py": "import tfring.runner.wire\n",
+        "tfring/runner/wire.py": "from tfring.common import basics\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert import_cycles(str(tmp_path)) == [
+        ["tfring.common.basics", "tfring.common.process_sets", "tfring.common.basics"]]
+    assert layer_violations(str(tmp_path)) == ["tfring.common.elastic:2 imports tfring.runner.wire"]

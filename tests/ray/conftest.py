@@ -13,14 +13,14 @@ def ray_cluster():
     bookkeeping). When the session ends it is shut down, and no process it
     started may outlive it."""
     ray = import_extra("ray")
-    from tfring.runner.supervisor import _descendants
-    before = set(_descendants([os.getpid()]))
+    from tfring.runner.processes import descendants
+    before = set(descendants([os.getpid()]))
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 << 20,
              log_to_driver=False)
     # Ray's own processes (GCS, raylet, ...): what this process started just
     # now; every worker and actor is under them.
-    roots = [p for p in _descendants([os.getpid()]) if p not in before]
+    roots = [p for p in descendants([os.getpid()]) if p not in before]
     yield ray
-    started = roots + _descendants(roots)
+    started = roots + descendants(roots)
     ray.shutdown()
     assert not live_pids(started, wait=10.0), "Ray's processes outlived ray.shutdown()"

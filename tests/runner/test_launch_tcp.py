@@ -25,7 +25,7 @@ import pytest
 
 from launch_support import (LAUNCH_TIMEOUT, RANK_AND_SIZE, RECORD_PIDS, REPO, assert_all_gone,
                             rank_lines, tfringrun, wait_for_files)
-from tfring.runner import hosts, launch, rank_wrapper, wire
+from tfring.runner import hosts, launch, rank_env, rank_wrapper, remote, wire
 from tfring.runner.rendezvous import RendezvousClient
 
 # Prints the rank's place in the job and proves the store and the secret
@@ -330,23 +330,23 @@ def test_tcp_under_an_mpi_launcher_is_refused(monkeypatch, capsys):
 
 def test_tcp_rank_env_places_ranks_host_by_host():
     placement = {"localhost": [0, 1], "b": [2], "127.0.0.1": [3], "c": [4, 5]}
-    env = launch.tcp_rank_env(placement, ["b", "c"], "0.0.0.0", [])
+    env = rank_env.tcp_rank_env(placement, ["b", "c"], "0.0.0.0", [])
     assert {r: (e["TFRING_RANK"], e["TFRING_HOST_ORDER"], e["TFRING_LOCAL_SLOT"],
                 e["TFRING_BIND_HOST"]) for r, e in env.items()} == {
         0: ("0", "0", "0", "0.0.0.0"), 1: ("1", "0", "1", "0.0.0.0"),
         2: ("2", "1", "0", "0.0.0.0"),
         3: ("3", "0", "2", "0.0.0.0"),  # another name of this machine: same host
         4: ("4", "2", "0", "0.0.0.0"), 5: ("5", "2", "1", "0.0.0.0")}
-    env = launch.tcp_rank_env({"localhost": [0], "b": [1]}, ["b"], "10.0.0.1", ["eth1", "eth2"])
+    env = rank_env.tcp_rank_env({"localhost": [0], "b": [1]}, ["b"], "10.0.0.1", ["eth1", "eth2"])
     assert env[0]["TFRING_BIND_HOST"] == "10.0.0.1" and "TFRING_NETWORK_INTERFACES" not in env[0]
     assert env[1]["TFRING_BIND_HOST"] == "" and env[1]["TFRING_NETWORK_INTERFACES"] == "eth1,eth2"
 
 
 def test_ssh_command_shape(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert launch.ssh_command("h", ["python", "a b"]) == [
+    assert remote.ssh_command("h", ["python", "a b"]) == [
         "ssh", "-o", "BatchMode=yes", "h", f"cd {tmp_path} && exec python 'a b'"]
-    assert launch.ssh_command("h", ["x"], 22, "~/k")[:7] == [
+    assert remote.ssh_command("h", ["x"], 22, "~/k")[:7] == [
         "ssh", "-o", "BatchMode=yes", "-p", "22", "-i", os.path.expanduser("~/k")]
 
 

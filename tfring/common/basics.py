@@ -9,10 +9,12 @@ import os
 import sys
 import threading
 
-from tfring.common import loader
-
-# Core status codes (tf_ops/common/status.h).
-_OK, _UNKNOWN, _PRECONDITION, _ABORTED, _INVALID_ARGUMENT = 0, 1, 2, 3, 4
+from tfring._store import rendezvous
+from tfring.common import elastic, loader
+from tfring.common import process_sets as process_set_registry
+# The core's handle and statuses, under the names the bindings use (basics._core,
+# basics.raise_for_status, ...).
+from tfring.common.status import _PRECONDITION, _check, _core, _require_init, raise_for_status
 
 _atexit_registered = False
 _init_lock = threading.Lock()
@@ -25,28 +27,6 @@ _TRUE = ("1", "true", "yes", "on")
 # Set by our excepthook: what the other ranks are told when this one dies of
 # an uncaught exception.
 _exit_reason = ""
-
-
-def _core():
-    return loader.load()[1]
-
-
-def raise_for_status(code, message):
-    """Raises the tf.errors exception for a core status code (no-op for OK)."""
-    if code == _OK:
-        return
-    import tensorflow as tf
-    cls = {
-        _PRECONDITION: tf.errors.FailedPreconditionError,
-        _ABORTED: tf.errors.AbortedError,
-        _INVALID_ARGUMENT: tf.errors.InvalidArgumentError,
-    }.get(code, tf.errors.UnknownError)
-    raise cls(None, None, message)
-
-
-def _check(result):
-    raise_for_status(result[0], result[1])
-    return result[2:] if len(result) > 2 else None
 
 
 def _comm_handle(comm):
@@ -129,9 +109,8 @@ def _serve_rendezvous_if_asked(env=None):
                          "a served store needs the fixed port the other ranks know.")
     bind = env.get("TFRING_BIND_HOST", "").strip() or (
         "127.0.0.1" if _is_loopback(addr) else "0.0.0.0")
-    from tfring import runner
     try:
-        _rendezvous_server, _, _ = runner.start_rendezvous(bind, int(port_text))
+        _rendezvous_server = rendezvous.start_server(bind, int(port_text))
     except OSError as e:
         raise_for_status(_PRECONDITION, f"TFRING_RENDEZVOUS_SERVE=1: cannot serve the "
                                         f"rendezvous store on {bind}:{port_text}: "
@@ -198,7 +177,6 @@ def init(comm=None, process_sets=None):
                 raise_for_status(_PRECONDITION, "this tfring library has no TCP controller "
                                                 "(no init_tcp): rebuild it from this source.")
             _serve_rendezvous_if_asked()
-            from tfring.common import elastic
             if elastic.enabled() and not core.is_initialized():
                 # The driver's round decides this worker's rank, size and
                 # store scope (see tfring.common.elastic).
@@ -215,9 +193,8 @@ def init(comm=None, process_sets=None):
             _install_excepthook()
             _atexit_registered = True
     if process_sets and process_sets != "dynamic":
-        from tfring.common import process_sets as ps_module
         for ps in process_sets:
-            ps_module.add_process_set(ps)
+            process_set_registry.add_process_set(ps)
 
 
 def shutdown():
@@ -271,10 +248,6 @@ def _shutdown_at_exit():
 def is_initialized():
     """True while collectives can run."""
     return loader._loaded is not None and _core().is_initialized()
-
-
-def _require_init():
-    _check(_core().check_initialized())
 
 
 def _topology(fn):

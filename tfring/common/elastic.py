@@ -14,9 +14,11 @@ import sys
 import threading
 import time
 
+from tfring._store import elastic_protocol as protocol
+from tfring._store import wire
+from tfring._store.rendezvous import RendezvousClient
 from tfring.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
                                       WorkerRemovedInterrupt)
-from tfring.runner.elastic import protocol
 
 _TRUE = ("1", "true", "yes", "on")
 # How long a worker waits for a round that includes it, unless the driver
@@ -51,7 +53,6 @@ class _Membership:
 
     def _store(self):
         if self.client is None:
-            from tfring.runner.rendezvous import RendezvousClient
             addr = os.environ.get("TFRING_RENDEZVOUS_ADDR", "")
             port = os.environ.get("TFRING_RENDEZVOUS_PORT", "")
             if not addr or not port.isdigit():
@@ -62,7 +63,6 @@ class _Membership:
 
     def _call(self, method, *args, **kwargs):
         """One store request; a broken connection is made again once."""
-        from tfring.runner import wire
         for attempt in (0, 1):
             try:
                 return getattr(self._store(), method)(*args, **kwargs)
@@ -89,7 +89,6 @@ class _Membership:
             TimeoutError: no such round came within `timeout` seconds
                 (default: the driver's --elastic-timeout).
         """
-        from tfring.runner import wire
         if timeout is None:
             timeout = float(os.environ.get(protocol.TIMEOUT_ENV) or DEFAULT_TIMEOUT)
         wid = self.worker_id
@@ -120,7 +119,6 @@ class _Membership:
                 time.sleep(_POLL)
 
     def _all_ready(self, r, info, deadline):
-        from tfring.runner import wire
         prefix = protocol.ready_prefix(r)
         self._call("set", protocol.SCOPE, prefix + self.worker_id, b"1")
         while True:

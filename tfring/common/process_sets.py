@@ -4,7 +4,7 @@ Adding or removing a set is collective: every rank of the job must make the
 same call in the same order, members or not, so that all of them agree on
 the new set's id.
 """
-from tfring.common import basics
+from tfring.common import status
 
 
 class ProcessSet:
@@ -36,10 +36,10 @@ class ProcessSet:
             raise ValueError(
                 f"{self!r} has not been registered; call hvd.add_process_set() on every rank "
                 "first (or pass it to hvd.init(process_sets=[...])).")
-        basics._require_init()
+        status._require_init()
         registered_id(self)
-        code, message, rank, ranks = basics._core().process_set_info(self.process_set_id)
-        basics.raise_for_status(code, message)
+        code, message, rank, ranks = status._core().process_set_info(self.process_set_id)
+        status.raise_for_status(code, message)
         return rank, ranks
 
     def size(self):
@@ -86,7 +86,7 @@ def registered_id(process_set):
         raise ValueError(f"{process_set!r} is not registered; call hvd.add_process_set() first.")
     # The global set always exists while tfring runs; other ids are checked
     # against the core's table, so a stale id fails here and not in the kernel.
-    if ps_id != 0 and ps_id not in basics._core().process_set_ids():
+    if ps_id != 0 and ps_id not in status._core().process_set_ids():
         raise ValueError(
             f"{process_set!r} is not registered: this job has no process set with id {ps_id} "
             "(it was removed, or never added with hvd.add_process_set() on every rank).")
@@ -110,8 +110,8 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set!r} is already registered.")
-    code, message, new_id = basics._core().add_process_set(list(process_set.ranks))
-    basics.raise_for_status(code, message)
+    code, message, new_id = status._core().add_process_set(list(process_set.ranks))
+    status.raise_for_status(code, message)
     process_set.process_set_id = new_id
     return process_set
 
@@ -120,7 +120,7 @@ def remove_process_set(process_set):
     """Removes a registered set on every rank (collective). Returns True if it was removed."""
     if process_set.process_set_id in (None, 0):
         return False
-    code, message = basics._core().remove_process_set(process_set.process_set_id)
+    code, message = status._core().remove_process_set(process_set.process_set_id)
     if code != 0:
         return False
     process_set.process_set_id = None

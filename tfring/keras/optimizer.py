@@ -14,100 +14,13 @@ Reduction happens before clipping, loss-scale checks and the inner update,
 so every rank applies identical gradients.
 """
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util
 
 from tfring.common.process_sets import global_process_set
 from tfring.keras import xla
+from tfring.keras.distributed import _DistributedMixin, _Keras3Mixin, _TFKerasMixin
 from tfring.tensorflow import mpi_ops
 from tfring.tensorflow.compression import Compression
-from tfring.tensorflow.gradient_aggregation import GradientReducer, LocalGradientAggregator
-
-
-def _check_not_xla():
-    graph = tf.compat.v1.get_default_graph()
-    if control_flow_util.GraphOrParentsInXlaContext(graph):
-        raise RuntimeError(
-            "tfring's collectives have no XLA kernels, and this step is being compiled with "
-            "XLA. Compile the model with jit_compile=False, and do not call tfring from "
-            "a tf.function(jit_compile=True).")
-
-
-class _DistributedState:
-    """Per-optimizer reducer and (for backward_passes_per_step > 1) aggregator."""
-
-    def __init__(self, settings):
-        self.reducer = GradientReducer(
-            settings["compression"], settings["sparse_as_dense"], settings["op"],
-            settings["gradient_predivide_factor"], settings["groups"], settings["process_set"],
-            scale_local_gradients=settings["scale_local_gradients"],
-            name="DistributedOptimizer")
-        passes = settings["backward_passes_per_step"]
-        self.aggregator = None if passes == 1 else LocalGradientAggregator(
-            passes, self.reducer, settings["average_aggregated_gradients"])
-
-
-class _DistributedMixin:
-    _tfring_settings = None  # set on each generated subclass
-
-    def _tfring_state(self):
-        state = self.__dict__.get("_tfring_state_")
-        if state is None:
-            state = _DistributedState(self._tfring_settings)
-            object.__setattr__(self, "_tfring_state_", state)
-        return state
-
-    def register_local_var(self, var):
-        """Keeps `var`'s gradient local to this rank: it is not reduced across
-        ranks, only divided by the process set's size when the optimizer was
-        made with scale_local_gradients=True (the default), as Horovod does.
-
-        Args:
-            var: one of the variables this optimizer updates.
-
-        Example:
-            >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
-            >>> for v in model.layers[-1].trainable_weights:
-            ...     opt.register_local_var(v)
-        """
-        self._tfring_state().reducer.add_local_variables([var])
-
-    def _tfring_update(self, grads, variables, apply_fn):
-        """Reduces `grads` and runs apply_fn(reduced), directly or every Nth pass."""
-        _check_not_xla()
-        state = self._tfring_state()
-        if state.aggregator is None:
-            return apply_fn(state.reducer(grads, variables))
-        return state.aggregator.step(grads, variables, apply_fn,
-                                     lambda: self.iterations.assign_add(1))
-
-
-class _Keras3Mixin(_DistributedMixin):
-    def apply(self, grads, trainable_variables=None):
-        grads = list(grads)
-        if trainable_variables is not None:
-            trainable_variables = list(trainable_variables)
-        elif not self.built:
-            return super().apply(grads, trainable_variables)  # Keras raises its own error
-        variables = trainable_variables or list(self._trainable_variables)
-        if not self.built:
-            # Build outside any tf.cond so optimizer variables are created once.
-            self.build(variables)
-            self.built = True
-        parent = super()
-        return self._tfring_update(grads, variables,
-                                   lambda reduced: parent.apply(reduced, trainable_variables))
-
-
-class _TFKerasMixin(_DistributedMixin):
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        grads_and_vars = list(grads_and_vars)
-        grads = [g for g, _ in grads_and_vars]
-        variables = [v for _, v in grads_and_vars]
-        parent = super()
-        return self._tfring_update(
-            grads, variables,
-            lambda reduced: parent.apply_gradients(list(zip(reduced, variables)), *args,
-                                                   **kwargs))
+from tfring.tensorflow.gradient_aggregation import GradientReducer
 
 
 def _is_keras3(cls):

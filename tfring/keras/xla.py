@@ -23,6 +23,8 @@ import functools
 import inspect
 import logging
 
+from tfring.keras.distributed import _DistributedMixin
+
 _log = logging.getLogger("tfring")
 
 # Attributes tfring keeps on a Keras 3 model.
@@ -36,7 +38,6 @@ def uses_distributed_optimizer(model):
     """True if `model`'s optimizer is a tfring DistributedOptimizer, also when
     Keras wrapped it (compile() wraps it in a LossScaleOptimizer under a
     mixed_float16 policy)."""
-    from tfring.keras.optimizer import _DistributedMixin  # optimizer.py imports this module
     optimizer, seen = getattr(model, "optimizer", None), set()
     while optimizer is not None and id(optimizer) not in seen:
         if isinstance(optimizer, _DistributedMixin):

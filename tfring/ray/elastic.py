@@ -26,9 +26,11 @@ import time
 
 import ray
 
-from tfring.runner import engine_env, start_rendezvous, wire
+from tfring._store import wire
+from tfring._store.rendezvous import RendezvousClient
+from tfring.ray import worker
+from tfring.runner import engine_env, start_rendezvous
 from tfring.runner.elastic.rounds import Rounds
-from tfring.runner.rendezvous import RendezvousClient
 
 _POLL_SECONDS = 0.1
 _SPAWN_INTERVAL = 1.0
@@ -142,14 +144,9 @@ class ElasticJob:
         return [m for m in self.members.values() if m.live()]
 
     def _spawn(self):
-        from tfring.ray.executor import _RemoteWorker
-        from tfring.runner import launch
         wid = self.next_wid
         self.next_wid += 1
-        options = {"num_cpus": self.ex.cpus_per_worker, "max_restarts": 0}
-        fake = launch.fake_host_names()
-        name = fake[wid] if fake and wid < len(fake) else None
-        actor = _RemoteWorker.options(**options).remote(name)
+        actor = worker.start(wid, num_cpus=self.ex.cpus_per_worker, max_restarts=0)
         member = _Member(wid, actor, actor.describe.remote())
         self.members[wid] = member
         self._event(f"started worker {wid}")

@@ -21,16 +21,16 @@ their next collective) and the executor must be started again. With
 (:mod:`tfring.ray.elastic`): lost actors are replaced and the job goes on
 through ``hvd.elastic.run``.
 """
-import os
-import socket
 import time
-import traceback
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from tfring.runner import engine_env, launch, start_rendezvous, wire
+from tfring._store import wire
+from tfring.ray import worker
+from tfring.ray.elastic import ElasticJob
+from tfring.runner import engine_env, start_rendezvous
 from tfring.runner.supervisor import format_ranks
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -61,59 +61,6 @@ class _Settings:
     def __init__(self, timeout_s=60, **unused):
         self.timeout_s = timeout_s
         self.unused = unused
-
-
-class _Worker:
-    """One rank's actor. Its methods run in the actor's own process."""
-
-    def __init__(self, fake_host=None):
-        self._fake_host = fake_host
-        self._executable = None
-
-    def describe(self):
-        """(host, node address, pid, GPU ids) of this actor."""
-        own = os.environ.get("TFRING_HOSTNAME", "")
-        host = self._fake_host or (own if own and "," not in own else socket.gethostname())
-        gpus = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
-        return host, ray.util.get_node_ip_address(), os.getpid(), gpus
-
-    def setup(self, env, executable_cls=None, args=(), kwargs=None, unset=()):
-        """Sets this rank's environment (before any init()), removing the
-        names in `unset`, then makes the executable object that
-        :meth:`RayExecutor.execute` hands to its fn."""
-        for name in unset:
-            os.environ.pop(name, None)
-        os.environ.update(env)
-        if executable_cls is not None:
-            self._executable = executable_cls(*args, **(kwargs or {}))
-        return True
-
-    def execute(self, fn, args, kwargs, with_executable):
-        try:
-            if with_executable:
-                return "ok", fn(self._executable)
-            return "ok", fn(*args, **(kwargs or {}))
-        except BaseException as e:  # noqa: BLE001 - handed to the driver, whatever it is
-            text = traceback.format_exc()
-            try:
-                payload = ray.cloudpickle.dumps(e)
-            except Exception:  # noqa: BLE001 - an exception that cannot travel
-                payload = None
-            return "error", (payload, f"{type(e).__name__}: {e}", text)
-
-    def stop_tfring(self):
-        """Shuts tfring down in this process, if it was started here."""
-        import sys
-        basics = sys.modules.get("tfring.common.basics")
-        if basics is not None:
-            try:
-                basics.shutdown()
-            except Exception:  # noqa: BLE001 - the actor is going away anyway
-                pass
-        return True
-
-
-_RemoteWorker = ray.remote(_Worker)
 
 
 class RayExecutor:
@@ -275,7 +222,6 @@ class RayExecutor:
                 f"Ray could not place {self.num_workers} workers of {bundle} "
                 f"({self.placement_strategy}) within {self.start_timeout:g} s; the cluster "
                 f"has {ray.cluster_resources()} in all, {ray.available_resources()} free")
-        fake = launch.fake_host_names()
         actors = []
         for i in range(self.num_workers):
             options = {"num_cpus": self.cpus_per_worker, "max_restarts": 0,
@@ -283,8 +229,7 @@ class RayExecutor:
                            placement_group=self._pg, placement_group_bundle_index=i)}
             if self.gpus_per_worker:
                 options["num_gpus"] = self.gpus_per_worker
-            name = fake[i] if fake and i < len(fake) else None
-            actors.append(_RemoteWorker.options(**options).remote(name))
+            actors.append(worker.start(i, **options))
         self._workers = actors  # so that a failure below still kills them
         described = self._get([a.describe.remote() for a in actors], "report their hosts")
         hosts = [d[0] for d in described]
@@ -303,7 +248,6 @@ class RayExecutor:
                    for w, env in zip(self._workers, envs)], "take their environment")
 
     def _start_elastic(self, executable_cls, executable_args, executable_kwargs):
-        from tfring.ray.elastic import ElasticJob
         initial = self.num_workers
         if initial is None:
             # As many as fit now, within the bounds (a worker Ray cannot

@@ -45,7 +45,7 @@ def start_rendezvous(host="127.0.0.1", port=0, secret=None):
         >>> #            TFRING_SECRET=wire.encode_secret(secret) TFRING_SIZE=...
         >>> server.stop()
     """
-    from tfring.runner import rendezvous, wire
+    from tfring._store import rendezvous, wire
     if isinstance(secret, str):
         secret = wire.decode_secret(secret, "the secret")
     server = rendezvous.start_server(host, port, secret)

@@ -16,7 +16,9 @@ pyspark or TensorFlow.
 """
 import collections
 
-from tfring.runner import launch, rank_wrapper, wire
+from tfring._store import elastic_protocol as protocol
+from tfring._store import wire
+from tfring.runner import rank_env, rank_wrapper
 
 
 def place_ranks(hosts):
@@ -94,7 +96,7 @@ def worker_environments(hosts, rendezvous_addr, rendezvous_port, secret, bind_ho
             host_devices.setdefault(hosts[worker], []).extend(str(d) for d in devices[worker])
     # Every host counts as "remote" to tfringrun's placement rule: the driver
     # is not one of the hosts, and a host's name is all that identifies it.
-    per_rank = launch.tcp_rank_env(placement, set(placement), "", [])
+    per_rank = rank_env.tcp_rank_env(placement, set(placement), "", [])
     common = {"TFRING_CONTROLLER": "tcp", "TFRING_RENDEZVOUS_ADDR": str(rendezvous_addr),
               "TFRING_RENDEZVOUS_PORT": str(rendezvous_port), "TFRING_SIZE": str(len(hosts)),
               wire.SECRET_ENV: wire.encode_secret(secret)}
@@ -145,7 +147,6 @@ def elastic_worker_environment(worker_id, host, rendezvous_addr, rendezvous_port
         >>> env["TFRING_ELASTIC_WORKER"]
         '3'
     """
-    from tfring.runner.elastic import protocol
     if not host or not isinstance(host, str):
         raise ValueError(f"elastic worker {worker_id} reported no host name ({host!r})")
     env = dict(extra or {})

@@ -25,7 +25,7 @@ flag                                        variable
 tfringrun also names the controller, ``TFRING_CONTROLLER=mpi`` or ``tcp``
 (a user's own setting never reaches an MPI job's ranks), and under ``--tcp``
 adds the rendezvous variables, the secret and each rank's place (see
-:func:`tfring.runner.launch.tcp_rank_env` and docs/running.md).
+:func:`tcp_rank_env` and docs/running.md).
 
 Besides those, tfringrun sets two defaults that the user's own environment
 overrides: ``TF_CPP_MIN_LOG_LEVEL=2`` (TensorFlow's start-up logging, times N
@@ -35,6 +35,9 @@ and oversubscribed busy-pollers starve each other: small messages then take
 milliseconds instead of about 150 µs).
 """
 import os
+import socket
+
+from tfring.runner import rank_wrapper
 
 MB = 1024 * 1024
 
@@ -95,3 +98,36 @@ def default_env(local_ranks, base_env=os.environ):
     if local_ranks > usable_cpus():
         env["MPIR_CVAR_POLLS_BEFORE_YIELD"] = "1"
     return {name: value for name, value in env.items() if name not in base_env}
+
+
+def tcp_rank_env(placement, remote, bind_host, interfaces, fake_hosts=None):
+    """{rank: variables} for the ranks' place in the job: the rank tfringrun
+    expects (``TFRING_RANK``), ``TFRING_HOST_ORDER`` (the host's index
+    in the host list) and ``TFRING_LOCAL_SLOT`` (the rank's slot on it), and
+    where it listens. Every name of this machine counts as one host, so
+    ``-H localhost:2,127.0.0.1:2`` places four ranks on one host, unless
+    `fake_hosts` (see :func:`tfring.runner.remote.fake_host_names`) splits it into fake hosts: then
+    each local rank gets its fake name as ``TFRING_HOSTNAME``, and hosts are
+    ordered by first appearance, so the ranks the core derives are tfringrun's."""
+    order, slots, env = {}, {}, {}
+    real_host = socket.gethostname()
+    for name, ranks in placement.items():
+        for rank in ranks:
+            key, own_name = (name, None) if name in remote else (None, None)  # None: here
+            if key is None and fake_hosts is not None:
+                own_name = fake_hosts[rank] if rank < len(fake_hosts) else real_host
+                key = ("fake", own_name)
+            order.setdefault(key, len(order))
+            slot = slots.get(key, 0)
+            slots[key] = slot + 1
+            env[rank] = {rank_wrapper.RANK_ENV: str(rank), "TFRING_HOST_ORDER": str(order[key]),
+                         "TFRING_LOCAL_SLOT": str(slot)}
+            if own_name is not None:
+                env[rank]["TFRING_HOSTNAME"] = own_name
+            if key is not None and interfaces:
+                # Resolved by the wrapper on that host: addresses differ per host.
+                env[rank][rank_wrapper.BIND_ENV] = ""
+                env[rank][rank_wrapper.INTERFACES_ENV] = ",".join(interfaces)
+            else:
+                env[rank][rank_wrapper.BIND_ENV] = bind_host
+    return env

@@ -11,7 +11,7 @@ So every rank runs under :mod:`tfring.runner.rank_wrapper`, which connects
 back to a TCP listener here, says ``hello`` when its command has started and
 ``exit RANK CODE`` when it ends. How the wrappers are started is the job's
 *launch mode*, the one thing that differs between controllers:
-:class:`MpiexecLaunch` (one mpiexec process starts every rank, MPI) and
+:class:`~tfring.runner.processes.MpiexecLaunch` (one mpiexec process starts every rank, MPI) and
 :class:`RankProcessesLaunch` (tfringrun starts one process per rank itself: a
 local wrapper, or ssh running a remote one; TCP). The supervisor starts the
 mode's processes in their own sessions (so a terminal's Ctrl-C reaches only
@@ -41,17 +41,15 @@ While the job runs, the supervisor notes which MPI shared-memory files its
 ranks on this host have mapped; when the job is over, those that no
 process maps any more are removed (see :mod:`tfring.runner.shm_cleanup`).
 """
-import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 
 from tfring.runner import rank_wrapper as wire
-from tfring.runner import shm_cleanup, wrapper_link
+from tfring.runner import processes, shm_cleanup, wrapper_link
+from tfring.runner.processes import describe_exit, format_ranks
 from tfring.runner.wrapper_link import WrapperListener
 
 GRACE_SECONDS = 3.0
@@ -69,261 +67,11 @@ _SHM_SCAN_SECONDS = 2.0
 _COLLATERAL = {signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE}
 
 
-def format_ranks(ranks):
-    """[0, 1, 2, 5] -> "0-2, 5"."""
-    ranks = sorted(ranks)
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(parts)
-
-
-def describe_exit(code):
-    """A wrapper's exit CODE as (words for the message, shell exit code).
-
-    3 -> ("exited with code 3", 3); -9 -> ("was killed by signal 9 (SIGKILL)", 137).
-    """
-    if code >= 0:
-        return f"exited with code {code}", code
-    try:
-        name = f" ({signal.Signals(-code).name})"
-    except ValueError:
-        name = ""
-    return f"was killed by signal {-code}{name}", 128 - code
-
-
-def _process_table():
-    """{pid: (ppid, process group)} of every live process, from /proc (empty elsewhere)."""
-    table = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return table
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                # The command name is in parentheses and may contain spaces.
-                fields = f.read().rpartition(b")")[2].split()
-            if fields[0] not in (b"Z", b"X"):
-                table[int(entry)] = (int(fields[1]), int(fields[2]))
-        except (OSError, ValueError, IndexError):
-            continue
-    return table
-
-
-def _descendants(roots, table=None):
-    """Pids of every process under any of ``roots``."""
-    table = _process_table() if table is None else table
-    children = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], list(roots)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 class _Rank:
     def __init__(self):
         self.host = None
         self.pid = None
         self.code = None  # None while running
-
-
-def _signal(pid, signum, group=False):
-    try:
-        if group:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
-    except OSError:
-        pass
-
-
-class MpiexecLaunch:
-    """Launch mode: one mpiexec process starts every rank (the MPI controller).
-
-    Args:
-        cmd: mpiexec's command line, rank wrapper and user command included.
-    """
-
-    def __init__(self, cmd):
-        self.cmd = list(cmd)
-        self.proc = None
-
-    def start(self, env):
-        """Starts mpiexec with `env` (the token included; hydra passes it on)."""
-        self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True)
-
-    def started(self):
-        return self.proc is not None
-
-    def running(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def roots(self):
-        """Pids of the processes this mode started and that are still there."""
-        return [self.proc.pid] if self.running() else []
-
-    def stop_unstarted(self, ranks):
-        # Ranks without a connection cannot be told; hydra passes SIGTERM on.
-        if self.running():
-            self.proc.send_signal(signal.SIGTERM)
-
-    def kill(self):
-        for pid in self.roots():
-            _signal(pid, signal.SIGKILL)
-
-    def wait(self):
-        if self.proc is not None:
-            self.proc.wait()
-
-    def ended_without_rank(self):
-        """[(rank, code, what)] of launch processes that ended on their own
-        behalf; mpiexec's end is no one rank's."""
-        return []
-
-    def failure(self, not_started):
-        """(exit code, message) when the mode itself failed, or None."""
-        code = self.proc.returncode
-        if code == 0:
-            return None
-        detail = f" before ranks {format_ranks(not_started)} started" if not_started else ""
-        return (code if code > 0 else 128 - code, f"mpiexec exited with code {code}{detail}.")
-
-
-class RankSpec:
-    """One rank's process for :class:`RankProcessesLaunch`.
-
-    Args:
-        rank: the rank it runs.
-        argv: the command line: the rank wrapper, or ssh running one remotely.
-        env: variables added to the job's environment for this rank.
-        remote: the process is ssh: it runs with tfringrun's own environment,
-            and the rank's environment (job token and secret included) goes
-            to the remote wrapper through ssh's stdin, never on a command line.
-        what: how messages name the process, e.g. "ssh host2".
-    """
-
-    def __init__(self, rank, argv, env=None, remote=False, what="its wrapper"):
-        self.rank, self.argv, self.env = rank, list(argv), dict(env or {})
-        self.remote, self.what = remote, what
-        self.proc = None
-        self.reported = False
-
-
-# Variables that describe the launching host or session, not the job: a
-# remote rank keeps its own.
-_HOST_VARIABLES = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "DISPLAY", "XAUTHORITY",
-                   "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "TMUX",
-                   "TERM_SESSION_ID"}
-
-
-def remote_environment(env):
-    """The environment a remote rank gets: the job's, minus what belongs to
-    this host or session (as hydra also forwards the whole environment)."""
-    return {k: v for k, v in env.items() if k not in _HOST_VARIABLES}
-
-
-class RankProcessesLaunch:
-    """Launch mode: tfringrun starts one process per rank itself (the TCP
-    controller): a local rank wrapper, or ssh running a remote one. Each leads
-    its own session and process group.
-
-    Args:
-        specs: one :class:`RankSpec` per rank.
-    """
-
-    def __init__(self, specs):
-        self.specs = list(specs)
-
-    def start(self, env):
-        """Starts every rank's process; `env` is the job's environment (the
-        token included). A process that cannot be started counts as a rank
-        that ended before it started (127: no such program, else 126)."""
-        for spec in self.specs:
-            full = dict(env, **spec.env)
-            try:
-                spec.proc = subprocess.Popen(
-                    spec.argv, env=None if spec.remote else full, start_new_session=True,
-                    stdin=subprocess.PIPE if spec.remote else subprocess.DEVNULL)
-            except OSError as e:
-                spec.proc = _Failed(127 if isinstance(e, FileNotFoundError) else 126, e)
-                continue
-            if spec.remote:
-                # A thread: ssh may not read before it connected, and a large
-                # environment must not block the supervision loop meanwhile.
-                data = json.dumps(remote_environment(full)).encode() + b"\n"
-                threading.Thread(target=_feed, args=(spec.proc.stdin, data),
-                                 daemon=True).start()
-
-    def started(self):
-        return any(spec.proc is not None for spec in self.specs)
-
-    def running(self):
-        return any(spec.proc is not None and spec.proc.poll() is None for spec in self.specs)
-
-    def roots(self):
-        return [spec.proc.pid for spec in self.specs
-                if spec.proc is not None and spec.proc.poll() is None]
-
-    def stop_unstarted(self, ranks):
-        for spec in self.specs:
-            if spec.rank in ranks and spec.proc is not None and spec.proc.poll() is None:
-                _signal(spec.proc.pid, signal.SIGTERM, group=True)
-
-    def kill(self):
-        for pid in self.roots():
-            _signal(pid, signal.SIGKILL, group=True)
-            _signal(pid, signal.SIGKILL)
-
-    def wait(self):
-        for spec in self.specs:
-            if spec.proc is not None:
-                spec.proc.wait()
-
-    def ended_without_rank(self):
-        """[(rank, code, what)] for each process that ended since the last
-        call (each is reported once); the supervisor decides whether its rank
-        had already told how it ended."""
-        ended = []
-        for spec in self.specs:
-            if spec.proc is not None and not spec.reported and spec.proc.poll() is not None:
-                spec.reported = True
-                ended.append((spec.rank, spec.proc.returncode, spec.what))
-        return ended
-
-    def failure(self, not_started):
-        return None  # every process is one rank's, judged as that rank
-
-
-def _feed(pipe, data):
-    try:
-        pipe.write(data)
-        pipe.close()
-    except OSError:
-        pass  # the process ended already; its exit code tells why
-
-
-class _Failed:
-    """Stands in for a process that could not be started."""
-
-    def __init__(self, code, error):
-        self.returncode, self.error, self.pid = code, error, None
-
-    def poll(self):
-        return self.returncode
-
-    def wait(self):
-        return self.returncode
 
 
 class Supervisor:
@@ -394,9 +142,9 @@ class Supervisor:
         it after its parent died)."""
         groups = {s.pid for s in self.ranks.values()
                   if s.pid is not None and s.code is None and s.host == self.hostname}
-        table = _process_table()
+        table = processes.process_table()
         roots = self.job.roots()
-        pids = set(roots) | set(_descendants(roots, table))
+        pids = set(roots) | set(processes.descendants(roots, table))
         pids.update(pid for pid, (_, pgrp) in table.items() if pgrp in groups)
         return pids
 
@@ -486,7 +234,7 @@ class Supervisor:
             self._say(f"ranks {format_ranks(self._running() + self._not_started())} did not "
                       f"stop within {self.grace + _KILL_MARGIN:g} s; killing them")
         self._note_shm()
-        victims = _descendants(self.job.roots())
+        victims = processes.descendants(self.job.roots())
         for rank in self._running():
             state = self.ranks[rank]
             if state.host == self.hostname:
@@ -498,7 +246,7 @@ class Supervisor:
                     pass
         self.job.kill()
         for pid in victims:
-            _signal(pid, signal.SIGKILL)
+            processes.signal_process(pid, signal.SIGKILL)
 
     def _on_signal(self, signum, _frame):
         self.signals.append(signum)
@@ -536,7 +284,7 @@ class Supervisor:
             env: the job's environment (default: this process's); the job
                 token is added to it.
         """
-        self.job = MpiexecLaunch(job) if isinstance(job, (list, tuple)) else job
+        self.job = processes.MpiexecLaunch(job) if isinstance(job, (list, tuple)) else job
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         env = dict(os.environ if env is None else env, **{wire.TOKEN_ENV: self.token})

@@ -26,7 +26,7 @@ def report_failure(env, pid, payload, summary, text):
     """Writes a rank's failure to the job's store (``error/<rank>``), where
     the driver finds it after the Spark job failed. Best effort: the task's
     own failure still fails the job."""
-    from tfring.runner import rendezvous, wire
+    from tfring._store import rendezvous, wire
     rank = int(env["TFRING_RANK"])
     report = {"rank": rank, "host": env.get("TFRING_HOSTNAME", "?"), "pid": pid,
               "payload": payload, "summary": summary, "traceback": text, "time": time.time(),

@@ -31,7 +31,8 @@ import uuid
 
 from pyspark import cloudpickle
 
-from tfring.runner import engine_env, launch, rendezvous, start_rendezvous, wire
+from tfring._store import rendezvous, wire
+from tfring.runner import engine_env, remote, start_rendezvous
 from tfring.spark import _report
 
 # After a failed stage, how long the driver waits for a failed rank's report,
@@ -117,7 +118,7 @@ def run_on_partitions(rdd, fn, args=(), kwargs=None, partition_args=None, start_
     store, _, port = start_rendezvous(bind, 0, secret)
     job = _TaskSpec(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), partition_args,
                     advertise, port, secret, "127.0.0.1" if local else "", extra,
-                    launch.fake_host_names())
+                    remote.fake_host_names())
     group = f"tfring-{uuid.uuid4().hex[:12]}"
     timer = None
     try:

@@ -7,7 +7,7 @@ ones as subprocesses, others over ssh, each under the rank wrapper, which
 ends the worker when the driver goes away) and decides each *round*: which
 workers form the job and with which rank. The oldest surviving worker is
 rank 0, so the state it broadcasts after a reset is one that was trained.
-Rounds are published in the store (:mod:`~tfring.runner.elastic.protocol`);
+Rounds are published in the store (:mod:`tfring._store.elastic_protocol`);
 workers take them at ``init()``, which ``elastic.run`` calls again after a
 lost peer or at a commit that sees a newer round.
 
@@ -37,20 +37,19 @@ Policy:
 
 Every way out stops and reaps every worker it started.
 """
-import json
 import os
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 
+from tfring._store import elastic_protocol as protocol
+from tfring._store import rendezvous, wire
 from tfring.runner import hosts as hosts_mod
-from tfring.runner import rank_wrapper, rendezvous, wire, wrapper_link
-from tfring.runner.elastic import protocol
+from tfring.runner import processes, rank_wrapper, remote, wrapper_link
 from tfring.runner.elastic.rounds import Rounds
-from tfring.runner.supervisor import _feed, describe_exit, remote_environment
+from tfring.runner.processes import describe_exit
 from tfring.runner.wrapper_link import WrapperListener
 
 BLACKLIST_FAILURES = 3
@@ -337,14 +336,11 @@ class Driver:
                 worker.proc = subprocess.Popen(self._wrapper_command(False), env=env,
                                                start_new_session=True, stdin=subprocess.DEVNULL)
             else:
-                from tfring.runner.launch import ssh_command
-                argv = ssh_command(name, self._wrapper_command(True), self.ssh_port,
-                                   self.ssh_identity_file)
+                argv = remote.ssh_command(name, self._wrapper_command(True), self.ssh_port,
+                                          self.ssh_identity_file)
                 worker.proc = subprocess.Popen(argv, start_new_session=True,
                                                stdin=subprocess.PIPE)
-                data = json.dumps(remote_environment(env)).encode() + b"\n"
-                threading.Thread(target=_feed, args=(worker.proc.stdin, data),
-                                 daemon=True).start()
+                remote.send_environment(worker.proc, env)
         except OSError as e:
             worker.code = 127 if isinstance(e, FileNotFoundError) else 126
             self._fail(1, f"cannot start a worker on {name}: {e.strerror or e}")
@@ -415,7 +411,7 @@ class Driver:
                           "(--start-timeout + --elastic-timeout); stopping it")
                 if w.conn is not None:
                     w.conn.stop()
-                _signal_group(w.proc.pid, signal.SIGTERM)
+                processes.signal_group_and_leader(w.proc.pid, signal.SIGTERM)
 
     def _check_processes(self):
         now = time.monotonic()
@@ -476,13 +472,13 @@ class Driver:
         for w in live:
             if w.conn is not None:
                 w.conn.stop()
-            _signal_group(w.proc.pid, signal.SIGTERM)
+            processes.signal_group_and_leader(w.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + _GRACE + 2.0
         while time.monotonic() < deadline and any(w.proc.poll() is None for w in live):
             self._pump(_POLL)
         for w in live:
             if w.proc.poll() is None:
-                _signal_group(w.proc.pid, signal.SIGKILL)
+                processes.signal_group_and_leader(w.proc.pid, signal.SIGKILL)
         for w in self.workers.values():
             if w.proc is not None:
                 w.proc.wait()
@@ -561,12 +557,3 @@ class Driver:
             self._check_starting()
             self._publish_if_needed()
         return self.outcome[0]
-
-
-def _signal_group(pid, signum):
-    for fn in (os.killpg, os.kill):
-        try:
-            fn(pid, signum)
-        except OSError:
-            pass
-

@@ -5,15 +5,15 @@ due, who is rank 0, the reset limit and the wait below the minimum size.
 
 A driver owns its workers' processes (subprocesses, Ray actors); this
 class owns only what it publishes in the rendezvous store
-(:mod:`~tfring.runner.elastic.protocol`) and what the workers leave there.
+(:mod:`tfring._store.elastic_protocol`) and what the workers leave there.
 It is told about workers as objects with ``wid`` (an int, in start order),
 ``key`` (what identifies their host: workers with one key share a host)
 and ``host`` (its name), and it sets their ``rank`` when it publishes.
 """
 import time
 
-from tfring.runner import wire
-from tfring.runner.elastic import protocol
+from tfring._store import elastic_protocol as protocol
+from tfring._store import wire
 
 # A member's reset request waits this long for the driver to see which
 # worker died, so that the next round leaves it out.
