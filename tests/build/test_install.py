@@ -20,7 +20,8 @@ fixtures build on each other, so each step runs once):
 
 The full suite (every other test, np=1/2/3) runs on NEWEST in the main
 environment. Slow (two TF installs from pip's cache, two compiles): marked
-``install``; ``pytest -m "not install"`` leaves it out.
+``install``, which the default ``pytest`` run leaves out (pyproject.toml);
+``pytest -m install`` runs it.
 """
 import glob
 import os
