@@ -17,7 +17,7 @@ import zipfile
 
 import pytest
 
-from tfring.build import library
+from tfring.build import library, unit_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -219,11 +219,11 @@ def test_wheel_carries_the_sources_and_no_library(tmp_path):
 
 
 def test_unit_test_sources_are_library_sources():
-    # The C++ test wrappers compile from library.UNIT_TEST_SOURCES: a file
+    # The C++ test wrappers compile from unit_tests.UNIT_TEST_SOURCES: a file
     # moved or split in the core must be renamed there, not left dangling.
     units = set(library.translation_units(ROOT, mpi=True))
-    for program, pieces in library.UNIT_TEST_SOURCES.items():
-        own, *rest = library.unit_test_sources(program, ROOT)
+    for program, pieces in unit_tests.UNIT_TEST_SOURCES.items():
+        own, *rest = unit_tests.unit_test_sources(program, ROOT)
         assert os.path.isfile(own), program
         for path in rest:
             assert os.path.relpath(path, ROOT) in units, f"{program} links {path}"

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from support import ROOT, run_sanitized_cpp_test
-from tfring.build.library import unit_test_sources
+from tfring.build.unit_tests import unit_test_sources
 
 CORE = os.path.join(ROOT, "tf_ops", "common")
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from support import ROOT
-from tfring.build.library import unit_test_sources
+from tfring.build.unit_tests import unit_test_sources
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not os.path.isdir("/dev/shm"),
                                 reason="needs g++ and /dev/shm")

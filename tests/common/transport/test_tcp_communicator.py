@@ -15,7 +15,7 @@ import time
 import pytest
 
 from support import ROOT, run_sanitized_cpp_test
-from tfring.build.library import unit_test_sources
+from tfring.build.unit_tests import unit_test_sources
 from tfring.runner import wire
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")

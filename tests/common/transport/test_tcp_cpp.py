@@ -14,7 +14,7 @@ import time
 import pytest
 
 from support import ROOT
-from tfring.build.library import unit_test_sources
+from tfring.build.unit_tests import unit_test_sources
 from tfring.runner import wire
 from tfring.runner.topology import Registration, derive_topology
 from wire_support import HOST, refusals, running_store

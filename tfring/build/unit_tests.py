@@ -1,0 +1,49 @@
+"""The C++ unit-test programs under tf_ops/common/tests and the core files
+each one links: kept apart from the library's own build (library.py), which
+never compiles them."""
+import os
+
+from tfring.build.library import source_root
+
+
+# What each C++ test program under tf_ops/common/tests links besides its own
+# file: the pieces of the core it exercises, relative to tf_ops/common, none
+# with MPI or TensorFlow. The pytest wrappers under tests/common build from
+# here, so a file split or moved in the core changes this one list (and
+# tests/build/test_library.py checks that every entry is a library source).
+_NEGOTIATION_PIECES = [
+    "controller.cc", "coordinator.cc", "validation.cc", "speculation.cc", "message.cc",
+    "fusion_buffer.cc", "reduction.cc", "common.cc", "response_cache.cc", "timeline.cc",
+    "tensor_queue.cc", "executor.cc", "in_flight.cc", "ops/data_plane_selector.cc", "config.cc",
+    "logging.cc", "ops/adasum.cc", "peer_monitor.cc"]
+_TCP_WIRE = ["transport/tcp/sha256.cc", "transport/tcp/wire.cc"]
+UNIT_TEST_SOURCES = {
+    "core_test.cc": _NEGOTIATION_PIECES,
+    "speculation_test.cc": _NEGOTIATION_PIECES,
+    "reduction_test.cc": ["reduction.cc", "common.cc"],
+    "shm_test.cc": ["reduction.cc", "common.cc", "peer_monitor.cc", "logging.cc", "config.cc",
+                    "fusion_buffer.cc", "ops/shm_segment.cc", "ops/shm_data_plane.cc"],
+    "tcp_client_test.cc": _TCP_WIRE + ["transport/tcp/socket.cc",
+                                       "transport/tcp/rendezvous_client.cc",
+                                       "transport/tcp/topology.cc"],
+    "tcp_comm_test.cc": _TCP_WIRE + [
+        "transport/tcp/tcp_communicator.cc", "transport/tcp/handshake.cc", "transport/tcp/mesh.cc",
+        "transport/tcp/world.cc", "transport/tcp/liveness.cc", "transport/tcp/peer_frame.cc",
+        "transport/tcp/socket.cc", "transport/tcp/rendezvous_client.cc",
+        "transport/communicator.cc", "peer_monitor.cc", "logging.cc"],
+    "fuzz/fuzz_wire.cc": _TCP_WIRE + ["transport/tcp/topology.cc"],
+    "fuzz/fuzz_peer_frame.cc": _TCP_WIRE + ["transport/tcp/peer_frame.cc"],
+}
+
+
+def unit_test_sources(program, root=None):
+    """The files to compile into the C++ test program ``program`` (a key of
+    :data:`UNIT_TEST_SOURCES`, relative to tf_ops/common/tests), absolute:
+    the program's own file first. ``root`` defaults to :func:`tfring.build.library.source_root`.
+
+    Raises:
+        KeyError: no such test program.
+    """
+    common = os.path.join(root or source_root(), "tf_ops", "common")
+    return ([os.path.join(common, "tests", *program.split("/"))]
+            + [os.path.join(common, *rel.split("/")) for rel in UNIT_TEST_SOURCES[program]])
