@@ -8,6 +8,7 @@
 
 #include "execution.h"
 #include "global_state.h"
+#include "gpu_support.h"
 #include "logging.h"
 #include "ops/data_plane_selector.h"
 #include "speculation_run.h"
@@ -367,6 +368,9 @@ void BackgroundLoop() {
     st.stopped = true;
     st.stopped_status = why;
   }
+  // A GPU collective waiting for a dead peer never ends by itself: abort the
+  // GPU planes' pending work so that the drain below sees it end.
+  if (broken) AbortGpuWork(why.message());
   for (const auto& ps : st.process_sets.All()) {
     // Outputs a device is still writing are handed back only once it is done.
     ps->in_flight.Drain(kDrainSeconds, why);

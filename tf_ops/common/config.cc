@@ -57,6 +57,13 @@ Config Config::FromEnvironment() {
     std::transform(c.cpu_operations.begin(), c.cpu_operations.end(), c.cpu_operations.begin(),
                    ::tolower);
   }
+  if (const char* v = GetConfigEnv("GPU_OPERATIONS")) {
+    // Horovod's values: NCCL runs on the GPU plane; MPI, GLOO (or host)
+    // send GPU tensors through the host planes.
+    std::string ops = v;
+    std::transform(ops.begin(), ops.end(), ops.begin(), ::tolower);
+    c.gpu_operations = (ops == "mpi" || ops == "gloo" || ops == "host") ? "host" : ops;
+  }
   if (const char* v = GetConfigEnv("SHM_MIN_BYTES")) c.shm_min_bytes = std::atoll(v);
   if (const char* v = GetConfigEnv("CROSS_HOST_MIN_BYTES")) c.cross_host_min_bytes = std::atoll(v);
   if (const char* v = GetConfigEnv("HIERARCHICAL_ALLREDUCE")) c.hierarchical_allreduce = ParseBool(v);

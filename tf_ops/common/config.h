@@ -32,6 +32,9 @@ struct Config {
   std::string cpu_operations = "auto";
   // In auto mode, the smallest message (bytes) sent through shared memory,
   // and through the ring/hierarchical plane across hosts.
+  // GPU tensors: "auto" (NCCL when every rank of a host has a GPU of its
+  // own, else host staging), "nccl", or "host" (always host staging).
+  std::string gpu_operations = "auto";
   int64_t shm_min_bytes = 0;
   int64_t cross_host_min_bytes = 0;
   // Across hosts, reduce within each host first (hierarchical) instead of

@@ -57,7 +57,9 @@ void CompleteQueued(ProcessSet& ps, const std::vector<std::string>& names, const
 Status Route(ProcessSet& ps, CollectiveType type, int32_t device, int64_t bytes, DataPlane** plane,
              Executor** executor) {
   *plane = ps.data_plane->Select(type, device, bytes);
-  return ps.executors.Get(device, (*plane)->on_gpu(), executor);
+  TFRING_RETURN_IF_ERROR(ps.executors.Get(device, (*plane)->on_gpu(), executor));
+  (*plane)->Bind((*executor)->context());
+  return Status::OK();
 }
 
 namespace {
@@ -78,18 +80,36 @@ void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, Run
   });
 }
 
-// Collectives other than the reductions have no executor steps yet: their
-// plane reads and writes the tensors directly, so it must work in the
-// tensors' memory. Host staging for them is still to come.
-Status CheckDirect(const DataPlane& plane, int32_t device, CollectiveType type) {
-  if (IsGpuDevice(device) && !plane.on_gpu()) {
-    return Status::InvalidArgument(std::string("tfring: ") + CollectiveName(type) +
-                                   " of tensors on " + DeviceName(device) +
-                                   " needs a GPU data plane; host staging only covers "
-                                   "allreduce and reducescatter so far");
+// InProgress is not a failure: the step has been queued on the device.
+bool Failed(const Status& s) { return !s.ok() && !s.in_progress(); }
+
+// The staging steps of a collective with no reduction (allgather, alltoall):
+// the plane reads `in` and writes `out`, which are the tensors themselves or,
+// when the plane works in other memory (host staging), the executor's
+// staging buffers. StageIn copies the input across before the plane runs,
+// StageOut the result back after it.
+struct Staged {
+  const void* in = nullptr;
+  void* out = nullptr;
+  bool queued = false;
+
+  Status StageIn(Executor& ex, const void* input, int64_t in_bytes, void* output,
+                 int64_t out_bytes) {
+    void* in_buf = ex.PlaneBuffer(const_cast<void*>(input), 0, in_bytes);
+    out = ex.PlaneBuffer(output, 1, out_bytes);
+    in = in_buf;
+    if (in_buf == input) return Status::OK();
+    Status s = ex.Copy(in_buf, input, in_bytes);
+    if (Failed(s)) return s;
+    return ex.Synchronize();
   }
-  return Status::OK();
-}
+  Status StageOut(Executor& ex, void* output, int64_t out_bytes) {
+    if (out == output) return Status::OK();
+    Status s = ex.Copy(output, out, out_bytes);
+    queued |= s.in_progress();
+    return s;
+  }
+};
 
 }  // namespace
 
@@ -135,17 +155,17 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
 }
 
 // Allocates the entry's output; if that fails the rank still takes part in
-// the collective (through `scratch`) so the other ranks are not left waiting.
-// (Host memory: GPU outputs will need device scratch from their executor.)
-void* AllocateOrScratch(TensorTableEntry& e, const TensorShape& shape,
-                        std::shared_ptr<std::vector<char>>* scratch, Status* s) {
+// the collective (through scratch memory where the tensor would have lived)
+// so the other ranks are not left waiting.
+void* AllocateOrScratch(Executor& executor, TensorTableEntry& e, const TensorShape& shape,
+                        std::shared_ptr<void>* scratch, Status* s) {
   void* out = nullptr;
   *s = e.allocate_output ? e.allocate_output(shape, &out)
                          : Status::Unknown("tfring: no output allocator for '" + e.name + "'");
   if (s->ok()) return out;
-  *scratch = std::make_shared<std::vector<char>>(
-      std::max<int64_t>(1, NumElements(shape) * DataTypeSize(e.dtype)));
-  return (*scratch)->data();
+  const int64_t bytes = std::max<int64_t>(1, NumElements(shape) * DataTypeSize(e.dtype));
+  *scratch = executor.Scratch(bytes);
+  return scratch->get();
 }
 
 int64_t RowElements(const TensorShape& shape) {
@@ -170,17 +190,23 @@ void PerformAllgather(ProcessSet& ps, const Response& r) {
   DataPlane* plane = nullptr;
   Executor* executor = nullptr;
   Status s = Route(ps, CollectiveType::ALLGATHER, e.device, total, &plane, &executor);
-  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::ALLGATHER);
   if (!s.ok()) return Complete(e, s);
-  std::shared_ptr<std::vector<char>> scratch;
+  std::shared_ptr<void> scratch;
   Status alloc;
-  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  void* out = AllocateOrScratch(*executor, e, out_shape, &scratch, &alloc);
+  Staged io;
+  s = io.StageIn(*executor, e.input, e.input_bytes(), out, total);
   const auto start = Clock::now();
-  s = plane->Allgather(e.input, out, recv_bytes);
+  // The plane runs even when staging failed: it is collective, and the other
+  // ranks are in it already. This rank's result is then discarded.
+  Status ps_status = plane->Allgather(io.in, io.out, recv_bytes);
+  io.queued |= ps_status.in_progress();
   Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLGATHER), start);
+  if (!Failed(s)) s = ps_status;
+  if (!Failed(s)) s = io.StageOut(*executor, out, total);
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
-  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, s.in_progress()), alloc, scratch);
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, io.queued), alloc, scratch);
 }
 
 void PerformBroadcast(ProcessSet& ps, const Response& r) {
@@ -190,21 +216,28 @@ void PerformBroadcast(ProcessSet& ps, const Response& r) {
   DataPlane* plane = nullptr;
   Executor* executor = nullptr;
   Status s = Route(ps, CollectiveType::BROADCAST, e.device, bytes, &plane, &executor);
-  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::BROADCAST);
   if (!s.ok()) return Complete(e, s);
+  const bool root = ps.rank == r.root_rank;
+  // Where the plane broadcasts: the output itself, or a staging buffer.
+  void* buf = executor->PlaneBuffer(e.output, 1, bytes);
+  const bool staged = buf != e.output;
+  const bool fused = !staged && plane->broadcasts_out_of_place();
   bool queued = false;
-  const bool fused = plane->broadcasts_out_of_place();
-  if (!fused && ps.rank == r.root_rank && e.output != e.input) {
-    s = executor->Copy(e.output, e.input, bytes);
+  if (!fused && root && buf != e.input) {
+    s = executor->Copy(buf, e.input, bytes);
     queued |= s.in_progress();
+    if (staged && !Failed(s)) s = executor->Synchronize();
   }
   const auto start = Clock::now();
-  if (s.ok() || s.in_progress()) {
-    s = fused ? plane->BroadcastOutOfPlace(e.input, e.output, bytes, r.root_rank)
-              : plane->Broadcast(e.output, bytes, r.root_rank);
+  Status p = fused ? plane->BroadcastOutOfPlace(e.input, e.output, bytes, r.root_rank)
+                   : plane->Broadcast(buf, bytes, r.root_rank);
+  queued |= p.in_progress();
+  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::BROADCAST), start);
+  if (!Failed(s)) s = p;
+  if (staged && !Failed(s)) {
+    s = executor->Copy(e.output, buf, bytes);
     queued |= s.in_progress();
   }
-  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::BROADCAST), start);
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
   CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, queued));
@@ -229,21 +262,27 @@ void PerformAlltoall(ProcessSet& ps, const Response& r) {
   DataPlane* plane = nullptr;
   Executor* executor = nullptr;
   Status s = Route(ps, CollectiveType::ALLTOALL, e.device, total, &plane, &executor);
-  if (s.ok()) s = CheckDirect(*plane, e.device, CollectiveType::ALLTOALL);
   if (!s.ok()) return Complete(e, s);
-  std::shared_ptr<std::vector<char>> scratch;
+  int64_t recv_total = 0;
+  for (int64_t b : recv) recv_total += b;
+  std::shared_ptr<void> scratch;
   Status alloc;
-  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  void* out = AllocateOrScratch(*executor, e, out_shape, &scratch, &alloc);
+  Staged io;
+  s = io.StageIn(*executor, e.input, e.input_bytes(), out, recv_total);
   const auto start = Clock::now();
-  s = plane->Alltoall(e.input, send, out, recv);
+  Status p = plane->Alltoall(io.in, send, io.out, recv);
+  io.queued |= p.in_progress();
   Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLTOALL), start);
+  if (!Failed(s)) s = p;
+  if (!Failed(s)) s = io.StageOut(*executor, out, recv_total);
   // The splits are known now; the output's bytes only once the device is done.
-  if ((s.ok() || s.in_progress()) && alloc.ok() && e.set_received_splits) {
+  if (!Failed(s) && alloc.ok() && e.set_received_splits) {
     e.set_received_splits(received_splits);
   }
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
-  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, s.in_progress()), alloc, scratch);
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, io.queued), alloc, scratch);
 }
 
 void PerformReducescatter(ProcessSet& ps, const Response& r) {
@@ -261,9 +300,9 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
   Executor* executor = nullptr;
   Status s = Route(ps, CollectiveType::REDUCESCATTER, e.device, e.input_bytes(), &plane, &executor);
   if (!s.ok()) return Complete(e, s);
-  std::shared_ptr<std::vector<char>> scratch;
+  std::shared_ptr<void> scratch;
   Status alloc;
-  void* out = AllocateOrScratch(e, out_shape, &scratch, &alloc);
+  void* out = AllocateOrScratch(*executor, e, out_shape, &scratch, &alloc);
   auto phase = [&r](const std::string& what, Clock::time_point start) {
     Phase(r.tensor_names, what, start);
   };

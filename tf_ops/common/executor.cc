@@ -46,16 +46,23 @@ Status Executor::PackAllreduce(const std::vector<ReduceSlot>& slots, DataType dt
     if (Failed(s)) return s;
     return Scale(out->buffer, out->count, dtype, prescale);
   }
+  return PackFused(slots, dtype, prescale, out);
+}
+
+Status Executor::PackFused(const std::vector<ReduceSlot>& slots, DataType dtype, double prescale,
+                           PackedReduction* out) {
+  const int64_t esize = DataTypeSize(dtype);
   std::vector<int64_t> bytes(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) bytes[i] = slots[i].count * esize;
   out->layout = PlanFusion(bytes);
   out->count = out->layout.total_bytes / esize;
   out->fused = true;
+  out->input = nullptr;
   char* buf = static_cast<char*>(FusionBuffer(out->layout.total_bytes));
   out->buffer = buf;
   if (!buf && out->layout.total_bytes > 0) {
     return Status::Unknown("tfring: could not allocate a fusion buffer of " +
-                           std::to_string(out->layout.total_bytes) + " bytes on " +
+                           std::to_string(out->layout.total_bytes) + " bytes for " +
                            DeviceName(device()));
   }
   for (size_t i = 0; i < slots.size(); ++i) {

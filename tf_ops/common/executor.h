@@ -71,6 +71,32 @@ class Executor {
   // Postscale and, for AVERAGE, division by `ranks` (see reduction.h).
   virtual Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                  double postscale, int ranks) = 0;
+  // Waits until everything queued so far has run (a host plane is about to
+  // read what was copied to host memory). Synchronous executors: nothing.
+  virtual Status Synchronize() { return Status::OK(); }
+  // What a plane needs to queue its work behind this executor's.
+  virtual ExecutionContext context() const {
+    ExecutionContext c;
+    c.device = device();
+    return c;
+  }
+  // Where a plane reads or writes `bytes` of `tensor` (a collective with no
+  // reduction step: allgather, broadcast, alltoall): the tensor itself when
+  // the plane works in the tensor's memory, else a staging buffer in the
+  // plane's memory (`slot` 0 for the input, 1 for the output; each valid
+  // until its next use). The caller copies in (then Synchronize) and out.
+  virtual void* PlaneBuffer(void* tensor, int slot, int64_t bytes) {
+    (void)slot;
+    (void)bytes;
+    return tensor;
+  }
+  // `bytes` of memory on this executor's device, freed when the last
+  // reference goes (for an output that could not be allocated: the rank
+  // still takes part in the collective).
+  virtual std::shared_ptr<void> Scratch(int64_t bytes) {
+    return std::shared_ptr<void>(new char[static_cast<size_t>(bytes)],
+                                 [](void* p) { delete[] static_cast<char*>(p); });
+  }
   // An event that happens once everything queued so far has run (including
   // plane work queued on the same stream), or null when nothing is
   // outstanding: a synchronous executor always returns null.
@@ -96,6 +122,12 @@ class Executor {
   // leaves them in `output`.
   virtual Status UnpackReducescatter(void* recv, void* output, int64_t out_count, DataType dtype,
                                      ReduceOp op, double postscale, int ranks);
+
+ protected:
+  // PackAllreduce's fused path: every slot copied into the fusion buffer
+  // (zeros for an empty slot), then prescaled.
+  Status PackFused(const std::vector<ReduceSlot>& slots, DataType dtype, double prescale,
+                   PackedReduction* out);
 };
 
 // Host memory: memcpy and reduction.cc's vectorised loops, all synchronous.

@@ -32,7 +32,7 @@ struct GpuSupport {
   // unique id). Leaves *out null when GPU tensors must take the host planes
   // (host staging): TFRING_GPU_OPERATIONS=host, or more ranks on a host than
   // it has GPUs (NCCL refuses two ranks on one GPU).
-  std::function<Status(int32_t set_id, int rank, int size, const std::vector<std::string>& hosts,
+  std::function<Status(int rank, int size, const std::vector<std::string>& hosts,
                        const Config& config, DataPlane* host, std::unique_ptr<DataPlane>* out)>
       make_plane;
   // The job is failing or stopping: end every pending GPU collective (NCCL's
@@ -51,7 +51,7 @@ bool GpuBuilt();
 // the missing GPU support.
 Status RecordReadyEvent(int32_t device, void* stream, std::shared_ptr<DeviceEvent>* out);
 // The installed support's make_plane; OK with *out null in a CPU build.
-Status MakeGpuPlane(int32_t set_id, int rank, int size, const std::vector<std::string>& hosts,
+Status MakeGpuPlane(int rank, int size, const std::vector<std::string>& hosts,
                     const Config& config, DataPlane* host, std::unique_ptr<DataPlane>* out);
 // Calls the installed abort_all (nothing in a CPU build).
 void AbortGpuWork(const std::string& reason);

@@ -19,6 +19,13 @@
 
 namespace tfring {
 
+// Where the next collective's buffers live and on which stream its work is
+// queued: the executor's (executor.h). Host planes ignore it.
+struct ExecutionContext {
+  int32_t device = kCpuDevice;
+  void* stream = nullptr;  // a cudaStream_t on a GPU
+};
+
 class DataPlane {
  public:
   virtual ~DataPlane() = default;
@@ -27,6 +34,10 @@ class DataPlane {
   virtual const char* last_used() const { return name(); }
   // Whether this plane reads and writes GPU memory (else host memory).
   virtual bool on_gpu() const { return false; }
+  // Called before each collective that this plane runs, with the context of
+  // the executor that packs its tensors (a GPU plane queues its work on that
+  // executor's stream, so that the executor's Fence() covers it).
+  virtual void Bind(const ExecutionContext& context) { (void)context; }
   // The plane that will run a `type` collective of `bytes` on tensors on
   // `device`. A plane that delegates (the selector) names one of its planes;
   // any other plane runs everything itself.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "../gpu_support.h"
 #include "../logging.h"
 #include "data_plane_selector.h"
 #include "ring_data_plane.h"
@@ -51,11 +52,26 @@ std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& co
       cross_host.reset();
     }
   }
+  // A GPU build's plane for GPU tensors (NCCL), once the hosts are known
+  // (one rank alone on its GPU needs one too). Without it, GPU tensors are
+  // staged through the host planes.
+  std::unique_ptr<DataPlane> gpu;
+  if (!hosts.empty()) {
+    Status s = MakeGpuPlane(comm->rank(), comm->size(), hosts, config,
+                            fallback.get(), &gpu);
+    if (!s.ok()) {
+      TFRING_LOG(WARNING) << "GPU data plane unavailable, GPU tensors are staged through the "
+                          << fallback->name() << " plane: " << s.message();
+      gpu.reset();
+    }
+  }
   DataPlaneChoice choice;
   choice.shm_min_bytes = config.shm_min_bytes;
   choice.cross_host_min_bytes = config.cross_host_min_bytes;
-  return std::unique_ptr<DataPlane>(
-      new DataPlaneSelector(std::move(fallback), std::move(shm), std::move(cross_host), choice));
+  auto selector =
+      new DataPlaneSelector(std::move(fallback), std::move(shm), std::move(cross_host), choice);
+  if (gpu) selector->set_gpu(std::move(gpu));
+  return std::unique_ptr<DataPlane>(selector);
 }
 
 }  // namespace tfring
