@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from support import ROOT, run_sanitized_cpp_test
+from tfring.build.unit_tests import unit_test_sources
 
 CORE = os.path.join(ROOT, "tf_ops", "common")
-SOURCES = ["ops/nccl_data_plane.cc", "reduction.cc", "common.cc"]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -18,15 +18,15 @@ def test_nccl_plane_unit_tests(tmp_path):
     # TFRING_NCCL_PLANE_LOGIC compiles the plane's logic, which the CPU
     # library leaves out, without TFRING_WITH_NCCL (which would need nccl.h).
     run_sanitized_cpp_test(tmp_path / "nccl_plane_test",
-                           [os.path.join(CORE, "tests", "nccl_plane_test.cc")] +
-                           [os.path.join(CORE, s) for s in SOURCES],
+                           unit_test_sources("nccl_plane_test.cc", ROOT),
                            flags=["-DTFRING_NCCL_PLANE_LOGIC"], libs=["-lpthread"])
 
 
 def test_cpu_library_leaves_the_gpu_code_out():
     """The GPU files sit in the library's source glob; without
     TFRING_WITH_NCCL they must compile to nothing (no nccl.h, no symbols)."""
-    for rel in ("ops/nccl_data_plane.cc", "ops/cuda/cuda_nccl_api.cc"):
+    for rel in ("ops/nccl_data_plane.cc", "ops/gpu_executor.cc", "ops/cuda/cuda_nccl_api.cc",
+                "ops/cuda/gpu_setup.cc"):
         with open(os.path.join(CORE, rel)) as f:
             text = f.read()
         first = next(line for line in text.splitlines() if line.startswith("#"))

@@ -36,9 +36,17 @@ import sys
 # source glob needs no exclusion list.
 GPU_CXX_SOURCES = [
     "tf_ops/common/ops/nccl_data_plane.cc",
+    "tf_ops/common/ops/gpu_executor.cc",
     "tf_ops/common/ops/cuda/cuda_nccl_api.cc",
+    "tf_ops/common/ops/cuda/gpu_setup.cc",
 ]
 GPU_CUDA_SOURCES = ["tf_ops/common/ops/cuda/gpu_kernels.cu"]
+
+# The core files a GPU test or benchmark program (tf_ops/common/tests/gpu)
+# links besides the GPU sources: the executor's pipeline and what the GPU
+# build's set-up installs into.
+GPU_TEST_CORE_SOURCES = ["common.cc", "reduction.cc", "executor.cc", "fusion_buffer.cc",
+                         "gpu_support.cc", "logging.cc", "config.cc"]
 
 # Compute capabilities compiled for (TFRING_CUDA_ARCHS overrides, e.g. "90"):
 # Volta to Hopper as machine code, plus PTX of the newest for later GPUs.
@@ -296,7 +304,7 @@ def gpu_test_command(main_source, output, root=None, arch=None):
     nccl_inc, nccl_lib = nccl
     core = os.path.join(root, "tf_ops", "common")
     sources = [main_source] + [os.path.join(root, s) for s in GPU_CXX_SOURCES + GPU_CUDA_SOURCES] \
-        + [os.path.join(core, s) for s in ("common.cc", "reduction.cc")]
+        + [os.path.join(core, s) for s in GPU_TEST_CORE_SOURCES]
     arch_flags = [f"-arch=sm_{arch}"] if arch else _gencode_flags()
     return [nvcc, "-std=c++17", "-O2", "-DTFRING_WITH_NCCL=1", *arch_flags, f"-I{nccl_inc}",
             *sources, "-o", output, f"-L{nccl_lib}", "-l:libnccl.so.2",

@@ -11,6 +11,7 @@
 #define TFRING_COMMON_OPS_NCCL_API_H
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "../common.h"
@@ -92,13 +93,42 @@ class NcclApi {
   virtual EventState EventQuery(GpuEvent event, int* error) = 0;
   virtual int EventDestroy(GpuEvent event) = 0;
   virtual std::string CudaErrorString(int error) = 0;
+  // The rest has host-memory defaults, so that a fake on host memory (the
+  // unit tests) needs none of it.
+  virtual int GetDeviceCount(int* count) {
+    *count = 1;
+    return 0;
+  }
+  // A stream that does not synchronise with the legacy default stream.
+  virtual int StreamCreate(GpuStream* stream) {
+    *stream = nullptr;
+    return 0;
+  }
+  virtual int StreamDestroy(GpuStream stream) {
+    (void)stream;
+    return 0;
+  }
+  virtual int StreamSynchronize(GpuStream stream) {
+    (void)stream;
+    return 0;
+  }
+  // Page-locked host memory (asynchronous copies to and from a GPU need it).
+  virtual int MallocHost(void** ptr, int64_t bytes) {
+    *ptr = std::malloc(static_cast<size_t>(bytes));
+    return *ptr == nullptr && bytes > 0 ? 2 : 0;  // 2: cudaErrorMemoryAllocation
+  }
+  virtual int FreeHost(void* ptr) {
+    std::free(ptr);
+    return 0;
+  }
   // dst[i] = src[i] * factor on `stream`, with ScaleBuffer's semantics
   // (reduction.h); dst may be src.
   virtual int Scale(void* dst, const void* src, int64_t count, DataType dtype, double factor,
                     GpuStream stream) = 0;
-  // buf[i] /= divisor (integers, truncating, like FinishReduction).
-  virtual int DivideIntegers(void* buf, int64_t count, DataType dtype, int64_t divisor,
-                             GpuStream stream) = 0;
+  // buf[i] /= divisor in the dtype's own arithmetic, like FinishReduction's
+  // average (integers truncate).
+  virtual int Divide(void* buf, int64_t count, DataType dtype, int64_t divisor,
+                     GpuStream stream) = 0;
 };
 
 }  // namespace tfring

@@ -78,6 +78,12 @@ void NcclAbortFlag::Request(const std::string& reason) {
   requested_.store(true, std::memory_order_release);
 }
 
+void NcclAbortFlag::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  reason_.clear();
+  requested_.store(false, std::memory_order_release);
+}
+
 std::string NcclAbortFlag::reason() const {
   std::lock_guard<std::mutex> lock(mu_);
   return reason_;
@@ -265,6 +271,27 @@ Status NcclCommunicators::CheckAsync(NcclComm comm, const std::string& call) {
   return failed;
 }
 
+Status NcclCommunicators::CheckDevice(int device) {
+  std::vector<NcclComm> on_device;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& kv : comms_) {
+      if (kv.first.second == device) on_device.push_back(kv.second.comm);
+    }
+  }
+  if (on_device.empty() && abort_->requested()) {
+    AbortAll();
+    return AbortedStatus();
+  }
+  Status pending = Status::OK();
+  for (NcclComm c : on_device) {
+    Status s = CheckAsync(c, "NCCL collective");
+    if (!s.ok() && !s.in_progress()) return s;
+    if (s.in_progress()) pending = s;
+  }
+  return pending;
+}
+
 Status NcclCommunicators::WaitReady(NcclComm comm, const std::string& call,
                                     std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -338,29 +365,17 @@ void GpuCompletion::Reset() {
 
 // --- Data plane ---------------------------------------------------------------
 
-NcclDataPlane::NcclDataPlane(NcclCommunicators* comms, int32_t set_id, int rank, int size,
+NcclDataPlane::NcclDataPlane(NcclCommunicators* comms, int32_t key, int rank, int size,
                              BroadcastBytesFn broadcast)
     : comms_(comms),
       api_(comms->api()),
-      set_id_(set_id),
+      key_(key),
       rank_(rank),
       size_(size),
       broadcast_(std::move(broadcast)),
       events_(std::make_shared<GpuEventPool>(comms->api())) {}
 
-NcclDataPlane::~NcclDataPlane() {
-  for (auto& kv : fusion_) {
-    if (kv.second.data != nullptr) {
-      api_->SetDevice(kv.first);
-      api_->Free(kv.second.data);
-    }
-  }
-}
-
-int64_t NcclDataPlane::fusion_capacity(int device) const {
-  auto it = fusion_.find(device);
-  return it == fusion_.end() ? 0 : it->second.capacity;
-}
+NcclDataPlane::~NcclDataPlane() { comms_->Remove(key_); }
 
 Status NcclDataPlane::Cuda(int error, const std::string& call) {
   return error == 0 ? Status::OK() : CudaErrorToStatus(error, call, api_->CudaErrorString(error));
@@ -369,25 +384,26 @@ Status NcclDataPlane::Cuda(int error, const std::string& call) {
 Status NcclDataPlane::Check(NcclResult r, NcclComm comm, const std::string& call) {
   if (r == NcclResult::kSuccess) return Status::OK();
   if (r == NcclResult::kInProgress) {
-    // Non-blocking communicator: the call is still being enqueued.
+    // A non-blocking communicator may still be queueing the call; the next
+    // call on it must wait until it has.
     in_progress_waits_.fetch_add(1, std::memory_order_relaxed);
     return comms_->WaitReady(comm, call, std::chrono::minutes(5));
   }
   Status s = NcclResultToStatus(r, call, api_->ErrorString(r), api_->LastError(comm));
-  // A failed peer or network leaves the communicator unusable; a bad
-  // argument does not.
+  // A peer or the network failed: the other communicators cannot be trusted
+  // either, and aborting them ends whatever waits on the lost peer.
   if (s.code() == StatusCode::ABORTED) comms_->AbortAll();
   return s;
 }
 
 Status NcclDataPlane::Prepare(int device, NcclComm* comm) {
-  // Kernels and copies are launched on the current device.
   TFRING_RETURN_IF_ERROR(Cuda(api_->SetDevice(device), "cudaSetDevice"));
-  return comms_->Get(set_id_, device, rank_, size_, broadcast_, comm);
+  return comms_->Get(key_, device, rank_, size_, broadcast_, comm);
 }
 
 Status NcclDataPlane::Finish(NcclComm comm, GpuStream stream, const std::string& what,
                              GpuCompletion* done) {
+  if (done == nullptr) return Status::InProgress();
   done->Reset();
   GpuEvent event = nullptr;
   TFRING_RETURN_IF_ERROR(Cuda(events_->Acquire(&event), "cudaEventCreateWithFlags"));
@@ -416,8 +432,6 @@ Status NcclDataPlane::Poll(GpuCompletion* done) {
     done->Reset();
     return Cuda(err, "waiting for NCCL " + what);
   }
-  // Still running (or aborting): a failed peer shows up as the
-  // communicator's async error, and the abort flag ends the wait.
   Status s = Status::InProgress();
   if (done->comm_ != nullptr) {
     s = comms_->CheckAsync(done->comm_, "NCCL " + done->what_);
@@ -432,84 +446,9 @@ Status NcclDataPlane::Poll(GpuCompletion* done) {
   return Status::InProgress();
 }
 
-Status NcclDataPlane::FusionBuffer(int device, int64_t bytes, void** data) {
-  DeviceBuffer& b = fusion_[device];
-  if (b.capacity < bytes) {
-    // Grow geometrically so that a slowly growing fusion size does not
-    // reallocate every cycle. cudaFree waits for work already using it.
-    int64_t cap = std::max<int64_t>(bytes, b.capacity + b.capacity / 2);
-    cap = (cap + 255) / 256 * 256;
-    if (b.data != nullptr) {
-      TFRING_RETURN_IF_ERROR(Cuda(api_->Free(b.data), "cudaFree(fusion buffer)"));
-      b.data = nullptr;
-      b.capacity = 0;
-    }
-    TFRING_RETURN_IF_ERROR(Cuda(api_->Malloc(&b.data, cap),
-                                "cudaMalloc(" + std::to_string(cap) + " bytes of fusion buffer)"));
-    b.capacity = cap;
-  }
-  *data = b.data;
-  return Status::OK();
-}
-
-Status NcclDataPlane::ScaleOnGpu(void* dst, const void* src, int64_t count, DataType dtype,
-                                 double factor, GpuStream stream) {
-  if (factor == 1.0) {
-    if (dst != src) {
-      return Cuda(api_->MemcpyAsync(dst, src, count * DataTypeSize(dtype), stream),
-                  "cudaMemcpyAsync");
-    }
-    return Status::OK();
-  }
-  if (dtype == DataType::BOOL) {
-    return Status::InvalidArgument("tfring: bool tensors cannot be scaled (use op=Sum, Min or Max)");
-  }
-  return Cuda(api_->Scale(dst, src, count, dtype, factor, stream), "scaling kernel");
-}
-
-Status NcclDataPlane::FinishOnGpu(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                  double postscale, int ranks, GpuStream stream) {
-  const bool average = op == ReduceOp::AVERAGE;
-  if (!average || IsFloatingPoint(dtype)) {
-    return ScaleOnGpu(buf, buf, count, dtype, postscale * (average ? 1.0 / ranks : 1.0), stream);
-  }
-  TFRING_RETURN_IF_ERROR(ScaleOnGpu(buf, buf, count, dtype, postscale, stream));
-  if (ranks == 1) return Status::OK();
-  return Cuda(api_->DivideIntegers(buf, count, dtype, ranks, stream), "integer division kernel");
-}
-
-Status NcclDataPlane::DeviceFusionBuffer(int device, int64_t bytes, void** data) {
-  TFRING_RETURN_IF_ERROR(Cuda(api_->SetDevice(device), "cudaSetDevice"));
-  return FusionBuffer(device, bytes, data);
-}
-
-Status NcclDataPlane::Copy(GpuStream stream, void* dst, const void* src, int64_t bytes) {
-  if (bytes == 0 || dst == src) return Status::OK();
-  return Cuda(api_->MemcpyAsync(dst, src, bytes, stream), "cudaMemcpyAsync");
-}
-
-Status NcclDataPlane::Zero(GpuStream stream, void* dst, int64_t bytes) {
-  if (bytes == 0) return Status::OK();
-  return Cuda(api_->MemsetAsync(dst, 0, bytes, stream), "cudaMemsetAsync");
-}
-
-Status NcclDataPlane::Scale(GpuStream stream, void* buf, int64_t count, DataType dtype,
-                            double factor) {
-  return ScaleOnGpu(buf, buf, count, dtype, factor, stream);
-}
-
-Status NcclDataPlane::FinishReduction(GpuStream stream, void* buf, int64_t count, DataType dtype,
-                                      ReduceOp op, double postscale, int ranks) {
-  return FinishOnGpu(buf, count, dtype, op, postscale, ranks, stream);
-}
-
-Status NcclDataPlane::Fence(int device, GpuStream stream, GpuCompletion* done) {
-  return Finish(comms_->Find(set_id_, device), stream, "collective", done);
-}
-
 Status NcclDataPlane::CheckReduction(DataType dtype, ReduceOp op, const char* collective) const {
-  if (op != ReduceOp::SUM && op != ReduceOp::AVERAGE && op != ReduceOp::MIN &&
-      op != ReduceOp::MAX && op != ReduceOp::PRODUCT) {
+  if (op != ReduceOp::SUM && op != ReduceOp::MIN && op != ReduceOp::MAX &&
+      op != ReduceOp::PRODUCT) {
     return Status::InvalidArgument(std::string("tfring: the NCCL plane cannot run ") + collective +
                                    " with op " + ReduceOpName(op));
   }
@@ -521,7 +460,6 @@ Status NcclDataPlane::CheckReduction(DataType dtype, ReduceOp op, const char* co
 }
 
 namespace {
-ReduceOp NcclOp(ReduceOp op) { return op == ReduceOp::AVERAGE ? ReduceOp::SUM : op; }
 
 std::vector<int64_t> Offsets(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> off(sizes.size() + 1, 0);
@@ -534,71 +472,57 @@ bool AllEqual(const std::vector<int64_t>& v) {
     if (x != v[0]) return false;
   return true;
 }
+
 }  // namespace
 
+// --- DataPlane -------------------------------------------------------------
+
+Status NcclDataPlane::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                                ReduceOp op) {
+  return Allreduce(context_.device, context_.stream, input, output, count, dtype, op, nullptr);
+}
+
+Status NcclDataPlane::Allgather(const void* send, void* recv,
+                                const std::vector<int64_t>& recv_bytes) {
+  return Allgather(context_.device, context_.stream, send, recv, recv_bytes, nullptr);
+}
+
+Status NcclDataPlane::Broadcast(void* buffer, int64_t bytes, int root) {
+  return Broadcast(context_.device, context_.stream, buffer, buffer, bytes, root, nullptr);
+}
+
+Status NcclDataPlane::BroadcastOutOfPlace(const void* input, void* output, int64_t bytes,
+                                          int root) {
+  return Broadcast(context_.device, context_.stream, input, output, bytes, root, nullptr);
+}
+
+Status NcclDataPlane::Alltoall(const void* send, const std::vector<int64_t>& send_bytes,
+                               void* recv, const std::vector<int64_t>& recv_bytes) {
+  return Alltoall(context_.device, context_.stream, send, send_bytes, recv, recv_bytes, nullptr);
+}
+
+Status NcclDataPlane::Reducescatter(const void* send, void* recv,
+                                    const std::vector<int64_t>& recv_counts, DataType dtype,
+                                    ReduceOp op) {
+  return Reducescatter(context_.device, context_.stream, send, recv, recv_counts, dtype, op,
+                       nullptr);
+}
+
+Status NcclDataPlane::Barrier() {
+  return Status::InvalidArgument("tfring: the NCCL plane has no barrier; barriers run on the "
+                                 "host planes");
+}
+
+// --- The collectives ---------------------------------------------------------
+
 Status NcclDataPlane::Allreduce(int device, GpuStream stream, const void* send, void* recv,
-                                int64_t count, DataType dtype, ReduceOp op, double prescale,
-                                double postscale, GpuCompletion* done) {
+                                int64_t count, DataType dtype, ReduceOp op, GpuCompletion* done) {
   TFRING_RETURN_IF_ERROR(CheckReduction(dtype, op, "allreduce"));
   NcclComm comm = nullptr;
   TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
   if (count > 0) {
-    if (prescale != 1.0) {
-      // Scale into the output and reduce there in place: no extra pass.
-      TFRING_RETURN_IF_ERROR(ScaleOnGpu(recv, send, count, dtype, prescale, stream));
-      send = recv;
-    }
-    TFRING_RETURN_IF_ERROR(
-        Check(api_->AllReduce(send, recv, count, dtype, NcclOp(op), comm, stream), comm,
-              "ncclAllReduce"));
-    TFRING_RETURN_IF_ERROR(FinishOnGpu(recv, count, dtype, op, postscale, size_, stream));
-  }
-  return Finish(comm, stream, "allreduce", done);
-}
-
-Status NcclDataPlane::FusedAllreduce(int device, GpuStream stream,
-                                     const std::vector<GpuTensor>& tensors, DataType dtype,
-                                     ReduceOp op, double prescale, double postscale,
-                                     GpuCompletion* done) {
-  if (tensors.size() == 1 && tensors[0].input != nullptr) {
-    return Allreduce(device, stream, tensors[0].input, tensors[0].output, tensors[0].count, dtype,
-                     op, prescale, postscale, done);
-  }
-  TFRING_RETURN_IF_ERROR(CheckReduction(dtype, op, "allreduce"));
-  NcclComm comm = nullptr;
-  TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
-  const int64_t esize = DataTypeSize(dtype);
-  std::vector<int64_t> bytes(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) bytes[i] = tensors[i].count * esize;
-  const std::vector<int64_t> off = Offsets(bytes);
-  const int64_t total = off.back();
-  if (total > 0) {
-    void* buf = nullptr;
-    TFRING_RETURN_IF_ERROR(FusionBuffer(device, total, &buf));
-    char* b = static_cast<char*>(buf);
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      if (bytes[i] == 0) continue;
-      if (tensors[i].input != nullptr) {
-        TFRING_RETURN_IF_ERROR(
-            Cuda(api_->MemcpyAsync(b + off[i], tensors[i].input, bytes[i], stream),
-                 "cudaMemcpyAsync(into the fusion buffer)"));
-      } else {
-        // A rank that has joined contributes zeros.
-        TFRING_RETURN_IF_ERROR(Cuda(api_->MemsetAsync(b + off[i], 0, bytes[i], stream),
-                                    "cudaMemsetAsync(fusion buffer)"));
-      }
-    }
-    const int64_t count = total / esize;
-    TFRING_RETURN_IF_ERROR(ScaleOnGpu(b, b, count, dtype, prescale, stream));
-    TFRING_RETURN_IF_ERROR(Check(
-        api_->AllReduce(b, b, count, dtype, NcclOp(op), comm, stream), comm, "ncclAllReduce"));
-    TFRING_RETURN_IF_ERROR(FinishOnGpu(b, count, dtype, op, postscale, size_, stream));
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      if (bytes[i] == 0 || tensors[i].output == nullptr) continue;
-      TFRING_RETURN_IF_ERROR(
-          Cuda(api_->MemcpyAsync(tensors[i].output, b + off[i], bytes[i], stream),
-               "cudaMemcpyAsync(out of the fusion buffer)"));
-    }
+    TFRING_RETURN_IF_ERROR(Check(api_->AllReduce(send, recv, count, dtype, op, comm, stream),
+                                 comm, "ncclAllReduce"));
   }
   return Finish(comm, stream, "allreduce", done);
 }
@@ -647,8 +571,8 @@ Status NcclDataPlane::Allgather(int device, GpuStream stream, const void* send, 
   return Finish(comm, stream, "allgather", done);
 }
 
-Status NcclDataPlane::Broadcast(int device, GpuStream stream, void* buffer, int64_t bytes, int root,
-                                GpuCompletion* done) {
+Status NcclDataPlane::Broadcast(int device, GpuStream stream, const void* send, void* recv,
+                                int64_t bytes, int root, GpuCompletion* done) {
   if (root < 0 || root >= size_) {
     return Status::InvalidArgument("tfring: broadcast root " + std::to_string(root) +
                                    " is not a rank of a process set of " + std::to_string(size_));
@@ -656,8 +580,8 @@ Status NcclDataPlane::Broadcast(int device, GpuStream stream, void* buffer, int6
   NcclComm comm = nullptr;
   TFRING_RETURN_IF_ERROR(Prepare(device, &comm));
   if (bytes > 0) {
-    TFRING_RETURN_IF_ERROR(Check(api_->Broadcast(buffer, buffer, bytes, root, comm, stream), comm,
-                                 "ncclBroadcast"));
+    TFRING_RETURN_IF_ERROR(
+        Check(api_->Broadcast(send, recv, bytes, root, comm, stream), comm, "ncclBroadcast"));
   }
   return Finish(comm, stream, "broadcast", done);
 }
@@ -706,8 +630,7 @@ Status NcclDataPlane::Alltoall(int device, GpuStream stream, const void* send,
 
 Status NcclDataPlane::Reducescatter(int device, GpuStream stream, const void* send, void* recv,
                                     const std::vector<int64_t>& recv_counts, DataType dtype,
-                                    ReduceOp op, double prescale, double postscale,
-                                    GpuCompletion* done) {
+                                    ReduceOp op, GpuCompletion* done) {
   if (static_cast<int>(recv_counts.size()) != size_) {
     return Status::InvalidArgument("tfring: NCCL reducescatter got " +
                                    std::to_string(recv_counts.size()) + " counts for " +
@@ -719,16 +642,10 @@ Status NcclDataPlane::Reducescatter(int device, GpuStream stream, const void* se
   const std::vector<int64_t> off = Offsets(recv_counts);
   const int64_t total = off.back(), esize = DataTypeSize(dtype);
   if (total > 0) {
-    if (prescale != 1.0) {
-      void* buf = nullptr;
-      TFRING_RETURN_IF_ERROR(FusionBuffer(device, total * esize, &buf));
-      TFRING_RETURN_IF_ERROR(ScaleOnGpu(buf, send, total, dtype, prescale, stream));
-      send = buf;
-    }
     const char* in = static_cast<const char*>(send);
     if (AllEqual(recv_counts)) {
       TFRING_RETURN_IF_ERROR(Check(
-          api_->ReduceScatter(in, recv, recv_counts[0], dtype, NcclOp(op), comm, stream), comm,
+          api_->ReduceScatter(in, recv, recv_counts[0], dtype, op, comm, stream), comm,
           "ncclReduceScatter"));
     } else {
       // Uneven blocks (rows not divisible by the set size): one reduce per
@@ -738,7 +655,7 @@ Status NcclDataPlane::Reducescatter(int device, GpuStream stream, const void* se
       Status s;
       for (int r = 0; r < size_ && s.ok(); ++r) {
         if (recv_counts[r] == 0) continue;
-        s = Check(api_->Reduce(in + off[r] * esize, recv, recv_counts[r], dtype, NcclOp(op), r,
+        s = Check(api_->Reduce(in + off[r] * esize, recv, recv_counts[r], dtype, op, r,
                                comm, stream),
                   comm, "ncclReduce");
       }
@@ -746,7 +663,6 @@ Status NcclDataPlane::Reducescatter(int device, GpuStream stream, const void* se
       TFRING_RETURN_IF_ERROR(s);
       TFRING_RETURN_IF_ERROR(end);
     }
-    TFRING_RETURN_IF_ERROR(FinishOnGpu(recv, recv_counts[rank_], dtype, op, postscale, size_, stream));
   }
   return Finish(comm, stream, "reducescatter", done);
 }

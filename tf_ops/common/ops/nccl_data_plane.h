@@ -1,17 +1,14 @@
-// The NCCL data plane: collectives over device buffers, enqueued on a CUDA
-// stream, completed asynchronously.
+// The NCCL data plane: collectives over device buffers, queued on the
+// stream of the GPU executor that packed them (ops/gpu_executor.h), which
+// also owns pack, scale and unpack. A call returns once NCCL has accepted the
+// collective (Status::InProgress through the DataPlane interface); the
+// executor's Fence() then covers it, and nothing here synchronises a stream.
 //
-// Unlike the host planes (data_plane.h), a call here only enqueues work: it
-// returns once NCCL has accepted the collective, with a GpuCompletion (a CUDA
-// event recorded after the work) that the background thread polls with
-// Poll(). Nothing here synchronises a stream.
-//
-// Communicators are made per (process set, device) on first use and cached;
-// the NCCL unique id travels from the set's rank 0 through a callback the
-// controller provides. Communicators are non-blocking (ncclConfig_t.blocking
-// = 0), so every wait is a poll that also watches an abort flag: when the
-// core learns that a peer died it calls RequestAbort(), and the next poll
-// aborts the communicators (ncclCommAbort), which ends NCCL work that would
+// Communicators are made per (plane, device) on first use and cached; the
+// NCCL unique id travels from the set's rank 0 over the set's host plane.
+// Communicators are non-blocking (ncclConfig_t.blocking = 0), so every wait
+// is a poll that also watches an abort flag: when the core learns that a peer
+// died it aborts them (ncclCommAbort), which ends NCCL work that would
 // otherwise wait forever for the dead peer.
 //
 // All NCCL/CUDA calls go through NcclApi (nccl_api.h), so this file needs
@@ -32,6 +29,7 @@
 
 #include "../common.h"
 #include "../status.h"
+#include "data_plane.h"
 #include "nccl_api.h"
 
 namespace tfring {
@@ -57,6 +55,8 @@ Status CudaErrorToStatus(int error, const std::string& call, const std::string& 
 class NcclAbortFlag {
  public:
   void Request(const std::string& reason);
+  // A new job starts (after the communicators of the failed one are gone).
+  void Clear();
   bool requested() const { return requested_.load(std::memory_order_acquire); }
   std::string reason() const;
 
@@ -87,6 +87,10 @@ class NcclCommunicators {
   void Remove(int32_t set_id);
   // Aborts every communicator (pending NCCL work ends) and forgets them.
   void AbortAll();
+  // Polls every communicator on `device` once: OK, InProgress, or the first
+  // async error (that communicator is then aborted). The abort flag aborts
+  // everything.
+  Status CheckDevice(int device);
   size_t size() const;
 
   // Waits, polling, until `comm` has finished the call that returned
@@ -114,15 +118,6 @@ class NcclCommunicators {
   std::chrono::milliseconds init_timeout_;
   mutable std::mutex mu_;
   std::map<std::pair<int32_t, int>, Entry> comms_;
-};
-
-// One tensor of a fused allreduce. `input` may be null: a rank that has
-// joined contributes zeros for a tensor it never submitted (and `output` is
-// then null too).
-struct GpuTensor {
-  const void* input = nullptr;
-  void* output = nullptr;
-  int64_t count = 0;  // elements
 };
 
 // Completion events are reused: creating one per collective costs more host
@@ -162,95 +157,77 @@ class GpuCompletion {
   std::string what_;
 };
 
-// One process set's NCCL plane. Buffers are device pointers on `device`;
-// work is enqueued on `stream` after whatever the caller enqueued there
-// before (typically the kernel that produced the input). The fusion buffer
-// is per device and reused by the next collective on that device, so a
-// device's collectives must be enqueued on one stream (TF has one compute
-// stream per GPU).
-class NcclDataPlane {
+// One process set's NCCL plane. Buffers are device pointers; the explicit
+// methods take the device and stream, the DataPlane ones use what Bind()
+// gave (the executor's). A communicator is keyed by `key` (unique per plane)
+// and device, and destroyed with the plane.
+class NcclDataPlane : public DataPlane {
  public:
-  NcclDataPlane(NcclCommunicators* comms, int32_t set_id, int rank, int size,
+  NcclDataPlane(NcclCommunicators* comms, int32_t key, int rank, int size,
                 BroadcastBytesFn broadcast);
-  ~NcclDataPlane();
-  const char* name() const { return "NCCL"; }
+  ~NcclDataPlane() override;
+  const char* name() const override { return "NCCL"; }
+  bool on_gpu() const override { return true; }
+  void Bind(const ExecutionContext& context) override { context_ = context; }
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // Reduces `count` elements of `send` into `recv` (send == recv: in place).
-  // `op` may be AVERAGE; prescale is applied before the reduction and
-  // postscale (and the division of AVERAGE) after it, with the semantics of
-  // ScaleBuffer/FinishReduction (reduction.h), by kernels on `stream`.
+  // --- DataPlane: on the bound device and stream; InProgress once queued.
+  using DataPlane::Allreduce;
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) override;
+  Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
+  Status Broadcast(void* buffer, int64_t bytes, int root) override;
+  bool broadcasts_out_of_place() const override { return true; }
+  Status BroadcastOutOfPlace(const void* input, void* output, int64_t bytes, int root) override;
+  Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                  const std::vector<int64_t>& recv_bytes) override;
+  Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
+                       DataType dtype, ReduceOp op) override;
+  // Barriers run on the host planes (the selector never sends one here).
+  Status Barrier() override;
+
+  // --- The same collectives with an explicit device and stream. `done`
+  // (may be null) receives an event recorded after the work, to Poll().
+  // Reduces `count` elements of `send` into `recv` (send == recv: in place);
+  // `op` is SUM, MIN, MAX or PRODUCT (the executor averages and scales).
   Status Allreduce(int device, GpuStream stream, const void* send, void* recv, int64_t count,
-                   DataType dtype, ReduceOp op, double prescale, double postscale,
-                   GpuCompletion* done);
-  // Several tensors of one dtype reduced together: packed into the device's
-  // fusion buffer (cudaMemcpyAsync), reduced once, unpacked. One tensor is
-  // reduced in its output without a copy through the fusion buffer.
-  Status FusedAllreduce(int device, GpuStream stream, const std::vector<GpuTensor>& tensors,
-                        DataType dtype, ReduceOp op, double prescale, double postscale,
-                        GpuCompletion* done);
+                   DataType dtype, ReduceOp op, GpuCompletion* done);
   // Rank r contributes recv_bytes[r] bytes (may differ); concatenated in rank order.
   Status Allgather(int device, GpuStream stream, const void* send, void* recv,
                    const std::vector<int64_t>& recv_bytes, GpuCompletion* done);
-  Status Broadcast(int device, GpuStream stream, void* buffer, int64_t bytes, int root,
-                   GpuCompletion* done);
+  // The root's `send` lands in `recv` on every rank (send == recv: in place).
+  Status Broadcast(int device, GpuStream stream, const void* send, void* recv, int64_t bytes,
+                   int root, GpuCompletion* done);
   Status Alltoall(int device, GpuStream stream, const void* send,
                   const std::vector<int64_t>& send_bytes, void* recv,
                   const std::vector<int64_t>& recv_bytes, GpuCompletion* done);
   // Rank r keeps recv_counts[r] elements of the reduced `send`, in rank order.
   Status Reducescatter(int device, GpuStream stream, const void* send, void* recv,
                        const std::vector<int64_t>& recv_counts, DataType dtype, ReduceOp op,
-                       double prescale, double postscale, GpuCompletion* done);
+                       GpuCompletion* done);
 
   // OK when the collective has finished on the GPU, InProgress while it
   // runs, or its error. Never blocks.
   Status Poll(GpuCompletion* done);
-
-  // --- The executor's primitives (executor.h of the device-aware core): the
-  // pack, scale and unpack steps on `stream`, for a GPU executor to forward
-  // to, so that they share this plane's fusion buffer, kernels and errors.
-  // The device's fusion buffer, at least `bytes` long (grows, never shrinks).
-  Status DeviceFusionBuffer(int device, int64_t bytes, void** data);
-  Status Copy(GpuStream stream, void* dst, const void* src, int64_t bytes);
-  Status Zero(GpuStream stream, void* dst, int64_t bytes);
-  // buf[i] *= factor (nothing when factor is 1).
-  Status Scale(GpuStream stream, void* buf, int64_t count, DataType dtype, double factor);
-  // Postscale and, for AVERAGE, division by `ranks` (FinishReduction's semantics).
-  Status FinishReduction(GpuStream stream, void* buf, int64_t count, DataType dtype, ReduceOp op,
-                         double postscale, int ranks);
-  // A completion for everything queued on `stream` so far (the executor's
-  // Fence): polled with Poll(), which also watches the set's communicator
-  // on `device` (if formed) and the abort flag. Forms no communicator.
-  Status Fence(int device, GpuStream stream, GpuCompletion* done);
-
-  // The device fusion buffer's capacity in bytes (0 before first use).
-  int64_t fusion_capacity(int device) const;
   // How many NCCL calls returned ncclInProgress and had to be waited for.
   int64_t in_progress_waits() const { return in_progress_waits_.load(); }
 
  private:
-  struct DeviceBuffer {
-    void* data = nullptr;
-    int64_t capacity = 0;
-  };
   Status Prepare(int device, NcclComm* comm);
   Status Check(NcclResult r, NcclComm comm, const std::string& call);
   Status Cuda(int error, const std::string& call);
+  // `done` null: the work is queued and the caller's fence covers it
+  // (InProgress); else an event is recorded into `done` (OK).
   Status Finish(NcclComm comm, GpuStream stream, const std::string& what, GpuCompletion* done);
-  Status FusionBuffer(int device, int64_t bytes, void** data);
-  Status ScaleOnGpu(void* dst, const void* src, int64_t count, DataType dtype, double factor,
-                    GpuStream stream);
-  Status FinishOnGpu(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
-                     int ranks, GpuStream stream);
   Status CheckReduction(DataType dtype, ReduceOp op, const char* collective) const;
 
   NcclCommunicators* comms_;
   NcclApi* api_;
-  int32_t set_id_;
+  int32_t key_;
   int rank_, size_;
   BroadcastBytesFn broadcast_;
-  std::map<int, DeviceBuffer> fusion_;
+  ExecutionContext context_;
   std::shared_ptr<GpuEventPool> events_;
   std::atomic<int64_t> in_progress_waits_{0};
 };

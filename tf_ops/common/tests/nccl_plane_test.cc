@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "../executor.h"
+#include "../ops/gpu_executor.h"
 #include "../ops/nccl_api.h"
 #include "../ops/nccl_data_plane.h"
 #include "../reduction.h"
@@ -227,8 +229,7 @@ class FakeApi : public NcclApi {
     std::memmove(dst, src, count * DataTypeSize(dtype));
     return ScaleBuffer(dst, count, dtype, factor).ok() ? 0 : 1;
   }
-  int DivideIntegers(void* buf, int64_t count, DataType dtype, int64_t divisor,
-                     GpuStream) override {
+  int Divide(void* buf, int64_t count, DataType dtype, int64_t divisor, GpuStream) override {
     Log("Divide " + std::to_string(divisor));
     return FinishReduction(buf, count, dtype, ReduceOp::AVERAGE, 1.0, static_cast<int>(divisor))
                    .ok()
@@ -477,111 +478,177 @@ std::vector<char> Ints(std::initializer_list<int32_t> v) {
   return b;
 }
 
-void TestAllreduce() {
+// The executor's pipeline (executor.h) over a GPU executor and the NCCL
+// plane, as the core runs an allreduce: pack, scale and unpack in the
+// executor, only the reduction in the plane.
+struct GpuRig {
   FakeBroadcast bc;
   FakeApi api;
-  NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
-  NcclDataPlane plane(&comms, 0, 0, 3, bc.fn());  // 3 ranks, all holding the same data
-  GpuCompletion done;
+  std::shared_ptr<NcclAbortFlag> abort = std::make_shared<NcclAbortFlag>();
+  NcclCommunicators comms{&api, abort};
+  GpuShared shared;
+  std::unique_ptr<Executor> executor;
+  std::unique_ptr<NcclDataPlane> plane;
+
+  explicit GpuRig(int size, int device = 0) {
+    shared.api = &api;
+    shared.comms = &comms;
+    shared.events = std::make_shared<GpuEventPool>(&api);
+    CHECK(GpuExecutor::Create(&shared, device, &executor).ok());
+    plane.reset(new NcclDataPlane(&comms, 0, 0, size, bc.fn()));
+    plane->Bind(executor->context());
+  }
+  // Runs the allreduce and polls its fence to the end.
+  Status Allreduce(const std::vector<ReduceSlot>& slots, DataType dtype, ReduceOp op,
+                   double prescale = 1.0, double postscale = 1.0) {
+    RunResult run = RunAllreduce(*executor, *plane, slots, dtype, op, prescale, postscale,
+                                 plane->size(), [](const std::string&, std::chrono::steady_clock::time_point) {});
+    if (!run.status.in_progress()) return run.status;
+    Status s;
+    while ((s = run.pending->Query()).in_progress()) {
+    }
+    return s;
+  }
+};
+
+void TestAllreduce() {
+  GpuRig rig(3);  // 3 ranks, all holding the same data
+  FakeApi& api = rig.api;
   {  // float32 average with pre/postscale, out of place: ((x*2)*3)*0.5/3.
     std::vector<char> in = Floats({1, 2, -4}), out(12);
-    CHECK(plane.Allreduce(0, nullptr, in.data(), out.data(), 3, DataType::FLOAT32,
-                          ReduceOp::AVERAGE, 2.0, 0.5, &done).ok());
+    CHECK(rig.Allreduce({{in.data(), out.data(), 3}}, DataType::FLOAT32, ReduceOp::AVERAGE, 2.0,
+                        0.5).ok());
     CHECK(out == Floats({1, 2, -4}));
     CHECK(in == Floats({1, 2, -4}));
-    // Prescale writes the output, NCCL then sums in place there.
+    // Prescale needs the input in the output first; NCCL then sums in place there.
     CHECK(api.Logged("Scale 2.000000") && api.Logged("AllReduce Sum inplace"));
-    CHECK(done.pending());
-    CHECK(plane.Poll(&done).ok() && !done.pending());
+    CHECK(api.Logged("EventRecord"));  // the executor's fence
+  }
+  {  // float32 average without a postscale: divided by the ranks, as on the CPU
+     // (x * (1/3) would round differently).
+    std::vector<char> buf = Floats({1, 2, -4});
+    api.log.clear();
+    CHECK(rig.Allreduce({{buf.data(), buf.data(), 3}}, DataType::FLOAT32, ReduceOp::AVERAGE).ok());
+    CHECK(buf == Floats({1, 2, -4}));
+    CHECK(api.Logged("Divide 3") && api.Count("Scale") == 0);
   }
   {  // int32 average: summed, then divided with truncation (7*3/3 = 7, -5*3/3 = -5).
     std::vector<char> buf = Ints({7, -5, 1});
     api.log.clear();
-    CHECK(plane.Allreduce(0, nullptr, buf.data(), buf.data(), 3, DataType::INT32,
-                          ReduceOp::AVERAGE, 1.0, 1.0, &done).ok());
+    CHECK(rig.Allreduce({{buf.data(), buf.data(), 3}}, DataType::INT32, ReduceOp::AVERAGE).ok());
     CHECK(buf == Ints({7, -5, 1}));
     CHECK(api.Logged("Divide 3") && api.Count("Scale") == 0);
     // int32 sum with postscale 0.5: (x*3)*0.5 truncated.
     buf = Ints({7, -5, 1});
-    CHECK(plane.Allreduce(0, nullptr, buf.data(), buf.data(), 3, DataType::INT32, ReduceOp::SUM,
-                          1.0, 0.5, &done).ok());
+    CHECK(rig.Allreduce({{buf.data(), buf.data(), 3}}, DataType::INT32, ReduceOp::SUM, 1.0, 0.5)
+              .ok());
     CHECK(buf == Ints({10, -7, 1}));
-    // max, product.
     buf = Ints({2, -3, 1});
-    CHECK(plane.Allreduce(0, nullptr, buf.data(), buf.data(), 3, DataType::INT32,
-                          ReduceOp::PRODUCT, 1.0, 1.0, &done).ok());
+    CHECK(rig.Allreduce({{buf.data(), buf.data(), 3}}, DataType::INT32, ReduceOp::PRODUCT).ok());
     CHECK(buf == Ints({8, -27, 1}));
     CHECK(api.Logged("AllReduce Product inplace"));
   }
-  {  // NCCL cannot reduce bool or int16, and Adasum is no NCCL op: refused before NCCL.
+  {  // NCCL cannot reduce bool, and Adasum and Average are no NCCL ops: refused before NCCL.
     api.log.clear();
     std::vector<char> b(4);
-    Status s = plane.Allreduce(0, nullptr, b.data(), b.data(), 4, DataType::BOOL, ReduceOp::SUM,
-                               1.0, 1.0, &done);
+    Status s = rig.plane->Allreduce(b.data(), b.data(), 4, DataType::BOOL, ReduceOp::SUM);
     CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "bool"));
-    s = plane.Allreduce(0, nullptr, b.data(), b.data(), 1, DataType::FLOAT32, ReduceOp::ADASUM,
-                        1.0, 1.0, &done);
+    s = rig.plane->Allreduce(b.data(), b.data(), 1, DataType::FLOAT32, ReduceOp::ADASUM);
     CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "Adasum"));
+    s = rig.plane->Allreduce(b.data(), b.data(), 1, DataType::FLOAT32, ReduceOp::AVERAGE);
+    CHECK(s.code() == StatusCode::INVALID_ARGUMENT);
     CHECK(api.Count("AllReduce") == 0);
   }
   {  // A collective that NCCL fails with a remote error aborts the communicators.
     api.collective_result = NcclResult::kRemoteError;
     std::vector<char> b = Floats({1});
-    Status s = plane.Allreduce(0, nullptr, b.data(), b.data(), 1, DataType::FLOAT32,
-                               ReduceOp::SUM, 1.0, 1.0, &done);
+    Status s = rig.Allreduce({{b.data(), b.data(), 1}}, DataType::FLOAT32, ReduceOp::SUM);
     CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "ncclAllReduce"));
-    CHECK(comms.size() == 0 && api.Count("CommAbort") == 1);
+    CHECK(rig.comms.size() == 0 && api.Count("CommAbort") == 1);
     api.collective_result = NcclResult::kSuccess;
   }
   {  // An enqueue that NCCL reports in progress is waited for.
     api.collective_result = NcclResult::kInProgress;
     api.async_results = {NcclResult::kInProgress, NcclResult::kSuccess};
     std::vector<char> b = Floats({1});
-    CHECK(plane.Allreduce(0, nullptr, b.data(), b.data(), 1, DataType::FLOAT32, ReduceOp::SUM,
-                          1.0, 1.0, &done).ok());
-    CHECK(plane.in_progress_waits() == 1);
+    CHECK(rig.Allreduce({{b.data(), b.data(), 1}}, DataType::FLOAT32, ReduceOp::SUM).ok());
+    CHECK(rig.plane->in_progress_waits() == 1);
     api.collective_result = NcclResult::kSuccess;
   }
 }
 
 void TestFusedAllreduce() {
-  FakeBroadcast bc;
-  FakeApi api;
-  NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
-  NcclDataPlane plane(&comms, 0, 0, 2, bc.fn());
+  GpuRig rig(2);
+  FakeApi& api = rig.api;
   std::vector<char> a = Floats({1, 2}), b = Floats({3}), c = Floats({4, 5, 6});
   std::vector<char> oa(8), ob(4), oc(12);
-  std::vector<GpuTensor> t(4);
+  std::vector<ReduceSlot> t(4);
   t[0] = {a.data(), oa.data(), 2};
   t[1] = {b.data(), ob.data(), 1};
   t[2] = {nullptr, nullptr, 5};  // joined: zeros, no output
   t[3] = {c.data(), oc.data(), 3};
-  GpuCompletion done;
-  CHECK(plane.FusedAllreduce(0, nullptr, t, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, &done)
-            .ok());
+  CHECK(rig.Allreduce(t, DataType::FLOAT32, ReduceOp::SUM).ok());
   CHECK(oa == Floats({2, 4}) && ob == Floats({6}) && oc == Floats({8, 10, 12}));
-  CHECK(api.Logged("Malloc 256"));  // 44 bytes, rounded up
-  CHECK(api.Count("Memcpy") == 6 && api.Logged("Memset 20"));
+  CHECK(api.Logged("Malloc 256"));  // the fusion buffer, rounded up
+  CHECK(api.Count("Memcpy") == 6 && api.Count("Memset") == 1);
   CHECK(api.Count("AllReduce Sum inplace") == 1);
-  CHECK(plane.fusion_capacity(0) == 256);
   // Smaller next time: the buffer is reused; bigger: it grows.
-  std::vector<GpuTensor> small(t.begin(), t.begin() + 2);
-  CHECK(plane.FusedAllreduce(0, nullptr, small, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, &done)
-            .ok());
+  std::vector<ReduceSlot> small(t.begin(), t.begin() + 2);
+  CHECK(rig.Allreduce(small, DataType::FLOAT32, ReduceOp::SUM).ok());
   CHECK(api.Count("Malloc") == 1);
   std::vector<char> big(400 * 4), obig(400 * 4);
-  std::vector<GpuTensor> two = {{big.data(), obig.data(), 400}, {a.data(), oa.data(), 2}};
-  CHECK(plane.FusedAllreduce(0, nullptr, two, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, &done)
-            .ok());
+  CHECK(rig.Allreduce({{big.data(), obig.data(), 400}, {a.data(), oa.data(), 2}},
+                      DataType::FLOAT32, ReduceOp::SUM).ok());
   CHECK(api.Count("Malloc") == 2 && api.Count("Free") == 1);
-  CHECK(plane.fusion_capacity(0) >= 1608);
   // One tensor skips the fusion buffer: reduced from its input into its output.
   api.log.clear();
-  std::vector<GpuTensor> one = {{a.data(), oa.data(), 2}};
-  CHECK(plane.FusedAllreduce(0, nullptr, one, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, &done)
-            .ok());
+  CHECK(rig.Allreduce({{a.data(), oa.data(), 2}}, DataType::FLOAT32, ReduceOp::SUM).ok());
   CHECK(api.Logged("AllReduce Sum outofplace") && api.Count("Memcpy") == 0);
   CHECK(oa == Floats({2, 4}));
+}
+
+// Host staging: every tensor crosses into page-locked host memory, the
+// reduction runs there (here a host plane of one rank: a copy), and the
+// result crosses back; the pipeline is the executor's, unchanged.
+void TestHostStaging() {
+  FakeApi api;
+  NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+  GpuShared shared;
+  shared.api = &api;
+  shared.comms = &comms;
+  shared.events = std::make_shared<GpuEventPool>(&api);
+  std::unique_ptr<Executor> ex;
+  CHECK(HostStagedExecutor::Create(&shared, 0, &ex).ok());
+  // A host "plane" of 2 ranks holding the same data: SUM doubles.
+  struct Doubling : DataPlane {
+    const char* name() const override { return "doubling"; }
+    Status Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp) override {
+      std::vector<float> v(count);
+      std::memcpy(v.data(), in, count * 4);
+      for (auto& x : v) x *= 2;
+      std::memcpy(out, v.data(), count * 4);
+      (void)dtype;
+      return Status::OK();
+    }
+    Status Allgather(const void*, void*, const std::vector<int64_t>&) override { return {}; }
+    Status Broadcast(void*, int64_t, int) override { return {}; }
+    Status Alltoall(const void*, const std::vector<int64_t>&, void*,
+                    const std::vector<int64_t>&) override { return {}; }
+    Status Reducescatter(const void*, void*, const std::vector<int64_t>&, DataType,
+                         ReduceOp) override { return {}; }
+    Status Barrier() override { return {}; }
+  } plane;
+  std::vector<char> in = Floats({1, 2, 3}), out(12);
+  RunResult run = RunAllreduce(*ex, plane, {{in.data(), out.data(), 3}}, DataType::FLOAT32,
+                               ReduceOp::AVERAGE, 1.0, 1.0, 2,
+                               [](const std::string&, std::chrono::steady_clock::time_point) {});
+  CHECK(run.status.in_progress() && run.pending);  // the copy back is queued
+  CHECK(run.pending->Query().ok());
+  CHECK(out == Floats({1, 2, 3}));
+  // In, then out: even a single tensor is not reduced in its own output.
+  CHECK(api.Count("Memcpy") == 2 && shared.staged_copies.load() == 2);
+  // A buffer for the plane is never the tensor itself.
+  CHECK(ex->PlaneBuffer(out.data(), 1, 12) != out.data());
 }
 
 void TestRaggedCollectives() {
@@ -626,26 +693,30 @@ void TestRaggedCollectives() {
     api.log.clear();
     std::vector<char> send = Floats({1, 2, 3, 4, 5, 6, 7}), recv(8);
     CHECK(plane.Reducescatter(0, nullptr, send.data(), recv.data(), {3, 2, 2}, DataType::FLOAT32,
-                              ReduceOp::AVERAGE, 1.0, 1.0, &done)
+                              ReduceOp::SUM, &done)
               .ok());
     CHECK(api.Logged("Reduce count 3 root 0") && api.Logged("Reduce count 2 root 1") &&
           api.Logged("Reduce count 2 root 2"));
-    CHECK(recv == Floats({4, 5}));  // rank 1's block, averaged over 3 equal ranks
+    CHECK(recv == Floats({12, 15}));  // rank 1's block, summed over 3 equal ranks
     CHECK(api.Count("ReduceScatter") == 0);
-    // Equal blocks, with prescale: through the fusion buffer, then NCCL's reducescatter.
+    // Equal blocks: NCCL's reducescatter.
     std::vector<char> six = Floats({1, 2, 3, 4, 5, 6}), out(8);
     CHECK(plane.Reducescatter(0, nullptr, six.data(), out.data(), {2, 2, 2}, DataType::FLOAT32,
-                              ReduceOp::SUM, 2.0, 1.0, &done)
+                              ReduceOp::SUM, &done)
               .ok());
-    CHECK(api.Logged("ReduceScatter 2") && api.Logged("Scale 2.000000"));
-    CHECK(out == Floats({18, 24}));  // (3,4) * 2 * 3 ranks
+    CHECK(api.Logged("ReduceScatter 2"));
+    CHECK(out == Floats({9, 12}));  // (3,4) * 3 ranks
     CHECK(six == Floats({1, 2, 3, 4, 5, 6}));
+    // Average is the executor's: the plane refuses it.
+    Status s = plane.Reducescatter(0, nullptr, six.data(), out.data(), {2, 2, 2},
+                                   DataType::FLOAT32, ReduceOp::AVERAGE, &done);
+    CHECK(s.code() == StatusCode::INVALID_ARGUMENT);
   }
   {  // Broadcast checks its root.
     std::vector<char> b(4);
-    Status s = plane.Broadcast(0, nullptr, b.data(), 4, 3, &done);
+    Status s = plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 3, &done);
     CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "root 3"));
-    CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 2, &done).ok());
+    CHECK(plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 2, &done).ok());
     CHECK(api.Logged("Broadcast 4 root 2"));
   }
 }
@@ -658,93 +729,85 @@ void TestPolling() {
   NcclDataPlane plane(&comms, 0, 0, 2, bc.fn());
   std::vector<char> b = Floats({1});
   GpuCompletion done;
-  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  CHECK(plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 0, &done).ok());
   api.event_states = {EventState::kPending, EventState::kPending};
   CHECK(plane.Poll(&done).in_progress());
   CHECK(plane.Poll(&done).in_progress());
   CHECK(plane.Poll(&done).ok() && !done.pending());
   CHECK(plane.Poll(&done).ok());  // nothing pending
   // Completion events are reused.
-  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  CHECK(plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 0, &done).ok());
   CHECK(plane.Poll(&done).ok());
   CHECK(api.events_created == 1);
   {  // Two in flight need two events; a moved completion stays valid.
     GpuCompletion x, y;
-    CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &x).ok());
-    CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &y).ok());
+    CHECK(plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 0, &x).ok());
+    CHECK(plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 0, &y).ok());
     GpuCompletion z(std::move(x));
     CHECK(!x.pending() && z.pending());
     CHECK(api.events_created == 2);
   }
   // A CUDA error while waiting.
-  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  CHECK(plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 0, &done).ok());
   api.event_states = {EventState::kError};
   Status s = plane.Poll(&done);
   CHECK(s.code() == StatusCode::UNKNOWN && Contains(s.message(), "cuda error text 700"));
   // An async NCCL error while the collective runs aborts the communicator.
-  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  CHECK(plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 0, &done).ok());
   api.event_states = {EventState::kPending};
   api.async_results = {NcclResult::kSystemError};
   s = plane.Poll(&done);
   CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "ncclSystemError"));
   CHECK(api.Count("CommAbort") == 1 && comms.size() == 0 && !done.pending());
   // The abort flag ends a pending wait, even when the event looks done.
-  CHECK(plane.Broadcast(0, nullptr, b.data(), 4, 0, &done).ok());
+  CHECK(plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 0, &done).ok());
   abort->Request("rank 1 is gone");
   s = plane.Poll(&done);
   CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank 1 is gone"));
   CHECK(comms.size() == 0);
   // ...and no new communicator is formed afterwards.
-  s = plane.Broadcast(0, nullptr, b.data(), 4, 0, &done);
+  s = plane.Broadcast(0, nullptr, b.data(), b.data(), 4, 0, &done);
   CHECK(s.code() == StatusCode::ABORTED);
 }
 
-// The primitives a GPU executor forwards to, and its fence.
+// The GPU executor's primitives and its fence.
 void TestExecutorPrimitives() {
-  FakeBroadcast bc;
-  FakeApi api;
-  auto abort = std::make_shared<NcclAbortFlag>();
-  NcclCommunicators comms(&api, abort);
-  NcclDataPlane plane(&comms, 4, 0, 2, bc.fn());
-  void* fb = nullptr;
-  CHECK(plane.DeviceFusionBuffer(1, 100, &fb).ok() && fb != nullptr);
-  CHECK(api.current_device == 1 && plane.fusion_capacity(1) >= 100);
+  GpuRig rig(2, /*device=*/1);
+  FakeApi& api = rig.api;
+  Executor& ex = *rig.executor;
+  CHECK(ex.FusionBuffer(100) != nullptr && api.current_device == 1);
   std::vector<char> a = Floats({1, 2, 3}), b(12);
-  CHECK(plane.Copy(nullptr, b.data(), a.data(), 12).ok() && b == a);
-  CHECK(plane.Scale(nullptr, b.data(), 3, DataType::FLOAT32, 4.0).ok());
+  CHECK(ex.Copy(b.data(), a.data(), 12).ok() && b == a);
+  CHECK(ex.Scale(b.data(), 3, DataType::FLOAT32, 4.0).ok());
   CHECK(b == Floats({4, 8, 12}));
   // Average over 4 ranks with postscale 2: x * 2 / 4.
-  CHECK(plane.FinishReduction(nullptr, b.data(), 3, DataType::FLOAT32, ReduceOp::AVERAGE, 2.0, 4)
-            .ok());
+  CHECK(ex.FinishReduction(b.data(), 3, DataType::FLOAT32, ReduceOp::AVERAGE, 2.0, 4).ok());
   CHECK(b == Floats({2, 4, 6}));
   std::vector<char> i = Ints({9, -9, 4});
-  CHECK(plane.FinishReduction(nullptr, i.data(), 3, DataType::INT32, ReduceOp::AVERAGE, 1.0, 4)
-            .ok());
+  CHECK(ex.FinishReduction(i.data(), 3, DataType::INT32, ReduceOp::AVERAGE, 1.0, 4).ok());
   CHECK(i == Ints({2, -2, 1}) && api.Logged("Divide 4"));
-  CHECK(plane.Zero(nullptr, b.data(), 12).ok() && b == Floats({0, 0, 0}));
-  Status s = plane.Scale(nullptr, b.data(), 3, DataType::BOOL, 2.0);
+  CHECK(ex.Zero(b.data(), 12).ok() && b == Floats({0, 0, 0}));
+  Status s = ex.Scale(b.data(), 3, DataType::BOOL, 2.0);
   CHECK(s.code() == StatusCode::INVALID_ARGUMENT);
-  // A fence forms no communicator; it watches one once formed.
-  GpuCompletion fence;
-  CHECK(plane.Fence(0, nullptr, &fence).ok() && fence.pending());
-  CHECK(api.Count("CommInitRank") == 0);
+  // A fence forms no communicator; it watches the device's once formed.
+  std::unique_ptr<DeviceEvent> fence = ex.Fence();
+  CHECK(fence != nullptr && api.Count("CommInitRank") == 0);
   api.event_states = {EventState::kPending};
-  CHECK(plane.Poll(&fence).in_progress());
-  CHECK(plane.Poll(&fence).ok());
+  CHECK(fence->Query().in_progress());
+  CHECK(fence->Query().ok());
   std::vector<char> x = Floats({1});
-  GpuCompletion done;
-  CHECK(plane.Allreduce(0, nullptr, x.data(), x.data(), 1, DataType::FLOAT32, ReduceOp::SUM, 1.0,
-                        1.0, &done).ok());
-  CHECK(plane.Fence(0, nullptr, &fence).ok());
+  CHECK(rig.plane->Allreduce(x.data(), x.data(), 1, DataType::FLOAT32, ReduceOp::SUM)
+            .in_progress());
+  fence = ex.Fence();
   api.event_states = {EventState::kPending};
   api.async_results = {NcclResult::kRemoteError};
-  s = plane.Poll(&fence);
+  s = fence->Query();
   CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "ncclRemoteError"));
   // The abort flag ends a fence's wait too, communicator or not.
-  CHECK(plane.Fence(2, nullptr, &fence).ok());
+  fence = ex.Fence();
   api.event_states = {EventState::kPending};
-  abort->Request("shutting down");
-  s = plane.Poll(&fence);
+  rig.abort->Request("shutting down");
+  s = fence->Query();
   CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "shutting down"));
 }
 
@@ -757,6 +820,7 @@ int main() {
   TestNonBlockingInit();
   TestAllreduce();
   TestFusedAllreduce();
+  TestHostStaging();
   TestRaggedCollectives();
   TestPolling();
   TestExecutorPrimitives();

@@ -173,12 +173,29 @@ class CudaNcclApi : public NcclApi {
   std::string CudaErrorString(int error) override {
     return cudaGetErrorString(static_cast<cudaError_t>(error));
   }
+  int GetDeviceCount(int* count) override { return static_cast<int>(cudaGetDeviceCount(count)); }
+  int StreamCreate(GpuStream* stream) override {
+    cudaStream_t s = nullptr;
+    cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    *stream = s;
+    return static_cast<int>(err);
+  }
+  int StreamDestroy(GpuStream stream) override {
+    return static_cast<int>(cudaStreamDestroy(S(stream)));
+  }
+  int StreamSynchronize(GpuStream stream) override {
+    return static_cast<int>(cudaStreamSynchronize(S(stream)));
+  }
+  int MallocHost(void** ptr, int64_t bytes) override {
+    return static_cast<int>(cudaMallocHost(ptr, static_cast<size_t>(bytes)));
+  }
+  int FreeHost(void* ptr) override { return static_cast<int>(cudaFreeHost(ptr)); }
   int Scale(void* dst, const void* src, int64_t count, DataType dtype, double factor,
             GpuStream stream) override {
     return cuda::LaunchScale(dst, src, count, dtype, factor, stream);
   }
-  int DivideIntegers(void* buf, int64_t count, DataType dtype, int64_t divisor,
-                     GpuStream stream) override {
+  int Divide(void* buf, int64_t count, DataType dtype, int64_t divisor,
+             GpuStream stream) override {
     return cuda::LaunchDivide(buf, count, dtype, divisor, stream);
   }
 };

@@ -15,34 +15,44 @@ int Blocks(int64_t n) {
   return static_cast<int>(b < 4096 ? (b < 1 ? 1 : b) : 4096);
 }
 
+// In double, rounded once to T: the CPU's ScaleBuffer (reduction.cc), bit
+// for bit, integers truncating.
 template <typename T>
-__global__ void ScaleFloatKernel(T* dst, const T* src, int64_t n, T factor) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    dst[i] = src[i] * factor;
-  }
-}
-
-template <typename T>
-__global__ void ScaleIntKernel(T* dst, const T* src, int64_t n, double factor) {
+__global__ void ScaleKernel(T* dst, const T* src, int64_t n, double factor) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     dst[i] = static_cast<T>(static_cast<double>(src[i]) * factor);
   }
 }
 
-__global__ void ScaleHalfKernel(__half* dst, const __half* src, int64_t n, float factor) {
+// 16-bit floats go through float on the way down, as on the CPU.
+__global__ void ScaleHalfKernel(__half* dst, const __half* src, int64_t n, double factor) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    dst[i] = __float2half_rn(__half2float(src[i]) * factor);
+    dst[i] = __float2half_rn(static_cast<float>(static_cast<double>(__half2float(src[i])) * factor));
   }
 }
 
 __global__ void ScaleBf16Kernel(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t n,
-                                float factor) {
+                                double factor) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    dst[i] = __float2bfloat16_rn(__bfloat162float(src[i]) * factor);
+    dst[i] = __float2bfloat16_rn(
+        static_cast<float>(static_cast<double>(__bfloat162float(src[i])) * factor));
+  }
+}
+
+__global__ void DivideHalfKernel(__half* buf, int64_t n, float divisor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    buf[i] = __float2half_rn(__half2float(buf[i]) / divisor);
+  }
+}
+
+__global__ void DivideBf16Kernel(__nv_bfloat16* buf, int64_t n, float divisor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    buf[i] = __float2bfloat16_rn(__bfloat162float(buf[i]) / divisor);
   }
 }
 
@@ -55,8 +65,8 @@ __global__ void DivideKernel(T* buf, int64_t n, T divisor) {
 }
 
 template <typename T>
-int ScaleInt(void* dst, const void* src, int64_t n, double factor, cudaStream_t s) {
-  ScaleIntKernel<T><<<Blocks(n), kThreads, 0, s>>>(static_cast<T*>(dst),
+int ScaleAny(void* dst, const void* src, int64_t n, double factor, cudaStream_t s) {
+  ScaleKernel<T><<<Blocks(n), kThreads, 0, s>>>(static_cast<T*>(dst),
                                                    static_cast<const T*>(src), n, factor);
   return static_cast<int>(cudaGetLastError());
 }
@@ -75,30 +85,23 @@ int LaunchScale(void* dst, const void* src, int64_t n, DataType dtype, double fa
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int blocks = Blocks(n);
   switch (dtype) {
-    case DataType::FLOAT32:
-      ScaleFloatKernel<float><<<blocks, kThreads, 0, s>>>(
-          static_cast<float*>(dst), static_cast<const float*>(src), n, static_cast<float>(factor));
-      return static_cast<int>(cudaGetLastError());
-    case DataType::FLOAT64:
-      ScaleFloatKernel<double><<<blocks, kThreads, 0, s>>>(
-          static_cast<double*>(dst), static_cast<const double*>(src), n, factor);
-      return static_cast<int>(cudaGetLastError());
+    case DataType::FLOAT32: return ScaleAny<float>(dst, src, n, factor, s);
+    case DataType::FLOAT64: return ScaleAny<double>(dst, src, n, factor, s);
     case DataType::FLOAT16:
       ScaleHalfKernel<<<blocks, kThreads, 0, s>>>(static_cast<__half*>(dst),
-                                                  static_cast<const __half*>(src), n,
-                                                  static_cast<float>(factor));
+                                                  static_cast<const __half*>(src), n, factor);
       return static_cast<int>(cudaGetLastError());
     case DataType::BFLOAT16:
       ScaleBf16Kernel<<<blocks, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst),
                                                   static_cast<const __nv_bfloat16*>(src), n,
-                                                  static_cast<float>(factor));
+                                                  factor);
       return static_cast<int>(cudaGetLastError());
-    case DataType::INT32: return ScaleInt<int32_t>(dst, src, n, factor, s);
-    case DataType::INT64: return ScaleInt<int64_t>(dst, src, n, factor, s);
-    case DataType::UINT8: return ScaleInt<uint8_t>(dst, src, n, factor, s);
-    case DataType::INT8: return ScaleInt<int8_t>(dst, src, n, factor, s);
-    case DataType::UINT16: return ScaleInt<uint16_t>(dst, src, n, factor, s);
-    case DataType::INT16: return ScaleInt<int16_t>(dst, src, n, factor, s);
+    case DataType::INT32: return ScaleAny<int32_t>(dst, src, n, factor, s);
+    case DataType::INT64: return ScaleAny<int64_t>(dst, src, n, factor, s);
+    case DataType::UINT8: return ScaleAny<uint8_t>(dst, src, n, factor, s);
+    case DataType::INT8: return ScaleAny<int8_t>(dst, src, n, factor, s);
+    case DataType::UINT16: return ScaleAny<uint16_t>(dst, src, n, factor, s);
+    case DataType::INT16: return ScaleAny<int16_t>(dst, src, n, factor, s);
     case DataType::BOOL: break;
   }
   return cudaErrorInvalidValue;
@@ -115,6 +118,16 @@ int LaunchDivide(void* buf, int64_t n, DataType dtype, int64_t d, void* stream) 
     case DataType::INT8: return Divide<int8_t>(buf, n, d, s);
     case DataType::UINT16: return Divide<uint16_t>(buf, n, d, s);
     case DataType::INT16: return Divide<int16_t>(buf, n, d, s);
+    case DataType::FLOAT32: return Divide<float>(buf, n, d, s);
+    case DataType::FLOAT64: return Divide<double>(buf, n, d, s);
+    case DataType::FLOAT16:
+      DivideHalfKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<__half*>(buf), n,
+                                                      static_cast<float>(d));
+      return static_cast<int>(cudaGetLastError());
+    case DataType::BFLOAT16:
+      DivideBf16Kernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(buf), n,
+                                                      static_cast<float>(d));
+      return static_cast<int>(cudaGetLastError());
     default: break;
   }
   return cudaErrorInvalidValue;

@@ -1,6 +1,6 @@
-// Element-wise kernels the NCCL plane runs on the op's stream: scaling
-// (prescale, postscale, the 1/size of Average) and the integer division of
-// Average. Declared without CUDA types so that host code needs no CUDA
+// Element-wise kernels a GPU executor runs on its stream: scaling (prescale,
+// postscale) and the division of Average, with the CPU's semantics
+// (reduction.h), so that a GPU's results equal the CPU's bit for bit. Declared without CUDA types so that host code needs no CUDA
 // headers; `stream` is a cudaStream_t and the result a cudaError_t.
 #ifndef TFRING_COMMON_OPS_CUDA_GPU_KERNELS_H
 #define TFRING_COMMON_OPS_CUDA_GPU_KERNELS_H
@@ -13,12 +13,12 @@ namespace tfring {
 namespace cuda {
 
 // dst[i] = src[i] * factor (dst may be src), with ScaleBuffer's semantics
-// (reduction.h): float16/bfloat16 are scaled in float and rounded to nearest
-// even, integers are scaled in double and truncated. bool is refused
-// (cudaErrorInvalidValue).
+// (reduction.h): in double, rounded once (float16/bfloat16 through float, to
+// nearest even), integers truncated. bool is refused (cudaErrorInvalidValue).
 int LaunchScale(void* dst, const void* src, int64_t count, DataType dtype, double factor,
                 void* stream);
-// buf[i] /= divisor for integer dtypes (C's truncating division).
+// buf[i] /= divisor in the dtype's own arithmetic (C's truncating division
+// for integers; float16/bfloat16 in float, rounded). bool is refused.
 int LaunchDivide(void* buf, int64_t count, DataType dtype, int64_t divisor, void* stream);
 
 }  // namespace cuda

@@ -1,5 +1,7 @@
-// Allreduce through the NCCL data plane against a raw NCCL loop over the
-// same libnccl.so.2, in the same process and on the same stream, at np=1.
+// Allreduce through the GPU executor's pipeline and the NCCL data plane (what
+// the core runs for a negotiated GPU allreduce, without the negotiation)
+// against a raw NCCL loop over the same libnccl.so.2, in the same process, at
+// np=1.
 // Driven by benchmarks/gpu.py, which builds it and turns its JSON lines into
 // a table.
 //
@@ -24,7 +26,9 @@
 #include <thread>
 #include <vector>
 
+#include "../../executor.h"
 #include "../../ops/cuda/cuda_nccl_api.h"
+#include "../../ops/gpu_executor.h"
 #include "../../ops/nccl_data_plane.h"
 
 using namespace tfring;
@@ -62,10 +66,11 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-void WaitAll(NcclDataPlane& plane, std::vector<GpuCompletion>& done) {
-  for (GpuCompletion& d : done) {
+void WaitAll(std::vector<std::unique_ptr<DeviceEvent>>& done) {
+  for (auto& d : done) {
+    if (!d) continue;
     for (;;) {
-      Status s = plane.Poll(&d);
+      Status s = d->Query();
       if (s.ok()) break;
       if (!s.in_progress()) {
         std::fprintf(stderr, "poll: %s\n", s.message().c_str());
@@ -73,6 +78,7 @@ void WaitAll(NcclDataPlane& plane, std::vector<GpuCompletion>& done) {
       }
       std::this_thread::yield();
     }
+    d.reset();
   }
 }
 
@@ -109,6 +115,14 @@ int main(int argc, char** argv) {
   auto abort = std::make_shared<NcclAbortFlag>();
   NcclCommunicators comms(api.get(), abort);
   NcclDataPlane plane(&comms, 0, 0, 1, [](std::string*) { return Status::OK(); });
+  GpuShared shared;
+  shared.api = api.get();
+  shared.comms = &comms;
+  shared.events = std::make_shared<GpuEventPool>(api.get());
+  std::unique_ptr<Executor> executor;
+  STATUS_OK(GpuExecutor::Create(&shared, 0, &executor));
+  plane.Bind(executor->context());
+  auto no_phase = [](const std::string&, Clock::time_point) {};
 
   const size_t max_bytes = static_cast<size_t>(max_mb) << 20;
   void *send = nullptr, *recv = nullptr;
@@ -158,20 +172,23 @@ int main(int argc, char** argv) {
             while (cudaEventQuery(events[i]) == cudaErrorNotReady) std::this_thread::yield();
           }
         };
-        std::vector<GpuCompletion> done(iters);
+        std::vector<std::unique_ptr<DeviceEvent>> done(iters);
         auto plane_loop = [&] {
           auto t0 = Clock::now();
           for (int i = 0; i < iters; ++i) {
-            STATUS_OK(plane.Allreduce(0, stream, send, recv, static_cast<int64_t>(count),
-                                      DataType::FLOAT32, c.plane_op, 1.0, 1.0, &done[i]));
+            RunResult run = RunAllreduce(*executor, plane,
+                                         {{send, recv, static_cast<int64_t>(count)}},
+                                         DataType::FLOAT32, c.plane_op, 1.0, 1.0, 1, no_phase);
+            if (!run.status.ok() && !run.status.in_progress()) STATUS_OK(run.status);
+            done[i] = std::move(run.pending);
             if (!pipelined) {
-              std::vector<GpuCompletion> one;
+              std::vector<std::unique_ptr<DeviceEvent>> one;
               one.push_back(std::move(done[i]));
-              WaitAll(plane, one);
+              WaitAll(one);
             }
           }
           enqueue_s = Seconds(t0, Clock::now());
-          WaitAll(plane, done);
+          WaitAll(done);
         };
         raw_loop();  // warm-up (also fills the plane's event pool below)
         raw_events_loop();

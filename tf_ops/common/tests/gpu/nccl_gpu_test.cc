@@ -1,7 +1,8 @@
-// The NCCL data plane on a real GPU, at np=1 (the GPU test machine has one
-// GPU and NCCL refuses two ranks on one device): every collective and dtype
-// on device memory against values computed on the host with the core's own
-// arithmetic (reduction.h), fusion through the device buffer, a real NCCL
+// The GPU executor and the NCCL data plane on a real GPU, at np=1 (the GPU
+// test machine has one GPU and NCCL refuses two ranks on one device): every
+// collective and dtype on device memory, run through the executor's pipeline
+// as the core runs it, against values computed on the host with the core's
+// own arithmetic (reduction.h), fusion through the device buffer, a real NCCL
 // error carried up as a Status, and a communicator whose peer never comes
 // ended by the abort flag and by the timeout instead of hanging.
 //
@@ -19,7 +20,9 @@
 #include <vector>
 
 #include "../../common.h"
+#include "../../executor.h"
 #include "../../ops/cuda/cuda_nccl_api.h"
+#include "../../ops/gpu_executor.h"
 #include "../../ops/nccl_data_plane.h"
 #include "../../reduction.h"
 
@@ -163,7 +166,59 @@ Status Wait(NcclDataPlane& plane, GpuCompletion* done, int* polls = nullptr) {
 
 const BroadcastBytesFn kAlone = [](std::string*) { return Status::OK(); };
 
-void TestAllreduce(NcclDataPlane& plane, cudaStream_t stream) {
+// Polls a fence like the background thread polls its in-flight collectives.
+Status WaitEvent(std::unique_ptr<DeviceEvent> event, int* polls = nullptr) {
+  if (!event) return Status::OK();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int n = 1;; ++n) {
+    Status s = event->Query();
+    if (!s.in_progress()) {
+      if (polls) *polls = n;
+      return s;
+    }
+    if (std::chrono::steady_clock::now() > deadline) return Status::Unknown("poll timed out");
+    std::this_thread::yield();
+  }
+}
+
+Status WaitRun(RunResult run, int* polls = nullptr) {
+  if (!run.status.in_progress()) return run.status;
+  return WaitEvent(std::move(run.pending), polls);
+}
+
+void NoPhase(const std::string&, std::chrono::steady_clock::time_point) {}
+
+// A GPU executor on GPU 0 with the plane bound to its stream: what the core
+// routes a GPU collective to.
+struct Rig {
+  GpuShared shared;
+  std::unique_ptr<Executor> executor;
+  NcclDataPlane* plane;
+  Rig(NcclApi* api, NcclCommunicators* comms, NcclDataPlane* p) : plane(p) {
+    shared.api = api;
+    shared.comms = comms;
+    shared.events = std::make_shared<GpuEventPool>(api);
+    Status s = GpuExecutor::Create(&shared, 0, &executor);
+    if (!s.ok()) {
+      std::fprintf(stderr, "GpuExecutor: %s\n", s.message().c_str());
+      std::exit(2);
+    }
+    plane->Bind(executor->context());
+  }
+  Status Allreduce(const std::vector<ReduceSlot>& slots, DataType dtype, ReduceOp op,
+                   double pre, double post, int* polls = nullptr) {
+    return WaitRun(RunAllreduce(*executor, *plane, slots, dtype, op, pre, post, plane->size(),
+                                NoPhase),
+                   polls);
+  }
+  Status Reducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                       DataType dtype, ReduceOp op, double pre, double post) {
+    return WaitRun(RunReducescatter(*executor, *plane, in, out, counts, plane->rank(), dtype, op,
+                                    pre, post, NoPhase));
+  }
+};
+
+void TestAllreduce(Rig& rig) {
   const int64_t n = 1000;
   const double scales[][2] = {{1.0, 1.0}, {0.5, 3.0}, {1.5, 0.25}};
   for (DataType dtype : kDtypes) {
@@ -177,53 +232,48 @@ void TestAllreduce(NcclDataPlane& plane, cudaStream_t stream) {
         // Out of place: the input must stay as it was.
         void* send = gpu.Upload(in);
         void* recv = gpu.Alloc(in.size());
-        GpuCompletion done;
-        CHECK_OK(plane.Allreduce(0, stream, send, recv, n, dtype, op, sc[0], sc[1], &done));
-        CHECK_OK(Wait(plane, &done));
+        CHECK_OK(rig.Allreduce({{send, recv, n}}, dtype, op, sc[0], sc[1]));
         CHECK(SameValues(gpu.Download(recv, in.size()), want, dtype, n, what + " out of place"));
         CHECK(gpu.Download(send, in.size()) == in);
         // In place.
-        CHECK_OK(plane.Allreduce(0, stream, send, send, n, dtype, op, sc[0], sc[1], &done));
-        CHECK_OK(Wait(plane, &done));
+        CHECK_OK(rig.Allreduce({{send, send, n}}, dtype, op, sc[0], sc[1]));
         CHECK(SameValues(gpu.Download(send, in.size()), want, dtype, n, what + " in place"));
       }
     }
   }
 }
 
-void TestFusedAllreduce(NcclDataPlane& plane, cudaStream_t stream) {
+void TestFusedAllreduce(Rig& rig) {
   const int64_t counts[] = {3, 1000, 1, 4097, 0, 64};
   for (DataType dtype : kDtypes) {
     for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVERAGE, ReduceOp::MAX}) {
       Gpu gpu;
-      std::vector<GpuTensor> tensors;
+      std::vector<ReduceSlot> tensors;
       std::vector<std::vector<char>> inputs;
       for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); ++i) {
         inputs.push_back(HostValues(dtype, counts[i], int(i)));
-        GpuTensor t;
+        ReduceSlot t;
         t.count = counts[i];
         t.input = gpu.Upload(inputs.back());
         t.output = gpu.Alloc(inputs.back().size());
         tensors.push_back(t);
       }
       // A tensor this rank never submitted (it has joined) takes part as zeros.
-      GpuTensor joined;
+      ReduceSlot joined;
       joined.count = 17;
       tensors.push_back(joined);
-      GpuCompletion done;
-      CHECK_OK(plane.FusedAllreduce(0, stream, tensors, dtype, op, 2.0, 0.5, &done));
-      CHECK_OK(Wait(plane, &done));
+      CHECK_OK(rig.Allreduce(tensors, dtype, op, 2.0, 0.5));
       for (size_t i = 0; i + 1 < tensors.size(); ++i) {
         const std::vector<char> want = Expected(inputs[i], dtype, counts[i], op, 2.0, 0.5);
         CHECK(SameValues(gpu.Download(tensors[i].output, want.size()), want, dtype, counts[i],
                          "fused allreduce tensor " + std::to_string(i)));
       }
-      CHECK(plane.fusion_capacity(0) >= (3 + 1000 + 1 + 4097 + 64 + 17) * DataTypeSize(dtype));
     }
   }
 }
 
-void TestOtherCollectives(NcclDataPlane& plane, cudaStream_t stream) {
+void TestOtherCollectives(Rig& rig, cudaStream_t stream) {
+  NcclDataPlane& plane = *rig.plane;
   for (DataType dtype : kDtypes) {
     Gpu gpu;
     const int64_t n = 777;
@@ -238,10 +288,10 @@ void TestOtherCollectives(NcclDataPlane& plane, cudaStream_t stream) {
     CHECK(gpu.Download(recv, bytes) == in);
 
     void* buf = gpu.Upload(in);
-    CHECK_OK(plane.Broadcast(0, stream, buf, bytes, 0, &done));
+    CHECK_OK(plane.Broadcast(0, stream, buf, buf, bytes, 0, &done));
     CHECK_OK(Wait(plane, &done));
     CHECK(gpu.Download(buf, bytes) == in);
-    Status bad_root = plane.Broadcast(0, stream, buf, bytes, 1, &done);
+    Status bad_root = plane.Broadcast(0, stream, buf, buf, bytes, 1, &done);
     CHECK(bad_root.code() == StatusCode::INVALID_ARGUMENT);
 
     void* a2a = gpu.Alloc(bytes);
@@ -251,8 +301,7 @@ void TestOtherCollectives(NcclDataPlane& plane, cudaStream_t stream) {
 
     for (ReduceOp op : kOps) {
       void* rs = gpu.Alloc(bytes);
-      CHECK_OK(plane.Reducescatter(0, stream, send, rs, {n}, dtype, op, 0.5, 4.0, &done));
-      CHECK_OK(Wait(plane, &done));
+      CHECK_OK(rig.Reducescatter(send, rs, {n}, dtype, op, 0.5, 4.0));
       CHECK(SameValues(gpu.Download(rs, bytes), Expected(in, dtype, n, op, 0.5, 4.0), dtype, n,
                        std::string("reducescatter ") + ReduceOpName(op)));
       CHECK(gpu.Download(send, bytes) == in);
@@ -262,26 +311,22 @@ void TestOtherCollectives(NcclDataPlane& plane, cudaStream_t stream) {
 
 // A big collective is still running when first polled; the poll says so
 // rather than blocking.
-void TestAsynchronousCompletion(NcclDataPlane& plane, cudaStream_t stream) {
+void TestAsynchronousCompletion(Rig& rig) {
   Gpu gpu;
   const int64_t n = 64 << 20;  // 256 MB of float32
   void* a = gpu.Alloc(n * 4);
   void* b = gpu.Alloc(n * 4);
   CUDA_OK(cudaMemset(a, 0, n * 4));
-  GpuCompletion done;
   int polls = 0;
-  CHECK_OK(plane.Allreduce(0, stream, a, b, n, DataType::FLOAT32, ReduceOp::AVERAGE, 1.0, 2.0,
-                           &done));
-  CHECK(done.pending());
-  CHECK_OK(Wait(plane, &done, &polls));
-  CHECK(!done.pending());
+  CHECK_OK(rig.Allreduce({{a, b, n}}, DataType::FLOAT32, ReduceOp::AVERAGE, 1.0, 2.0, &polls));
   std::printf("256 MB average: finished after %d polls\n", polls);
   CHECK(polls > 1);
 }
 
-// The executor's primitives on the GPU (pack, scale, unpack as a GPU
-// executor would run them around a plane call) and its fence.
-void TestExecutorPrimitives(NcclDataPlane& plane, cudaStream_t stream) {
+// The executor's primitives on the GPU (pack, scale, unpack around a plane
+// call) and its fence.
+void TestExecutorPrimitives(Rig& rig) {
+  Executor& ex = *rig.executor;
   for (DataType dtype : kDtypes) {
     Gpu gpu;
     const int64_t n = 513;
@@ -289,20 +334,17 @@ void TestExecutorPrimitives(NcclDataPlane& plane, cudaStream_t stream) {
     const int64_t bytes = static_cast<int64_t>(a.size());
     void* da = gpu.Upload(a);
     void* db = gpu.Upload(b);
-    void* fb = nullptr;
-    CHECK_OK(plane.DeviceFusionBuffer(0, 2 * bytes + 8, &fb));
-    char* f = static_cast<char*>(fb);
-    CHECK_OK(plane.Copy(stream, f, da, bytes));
-    CHECK_OK(plane.Zero(stream, f + bytes, 8));
-    CHECK_OK(plane.Copy(stream, f + bytes + 8, db, bytes));
-    CHECK_OK(plane.Scale(stream, f, 2 * n + 8 / DataTypeSize(dtype), dtype, 1.5));
-    CHECK_OK(plane.FinishReduction(stream, f, 2 * n + 8 / DataTypeSize(dtype), dtype,
-                                   ReduceOp::AVERAGE, 0.5, 3));
+    char* f = static_cast<char*>(ex.FusionBuffer(2 * bytes + 8));
+    CHECK(f != nullptr);
+    CHECK_OK(ex.Copy(f, da, bytes));
+    CHECK_OK(ex.Zero(f + bytes, 8));
+    CHECK_OK(ex.Copy(f + bytes + 8, db, bytes));
+    CHECK_OK(ex.Scale(f, 2 * n + 8 / DataTypeSize(dtype), dtype, 1.5));
+    CHECK_OK(ex.FinishReduction(f, 2 * n + 8 / DataTypeSize(dtype), dtype, ReduceOp::AVERAGE, 0.5,
+                                3));
     void* out = gpu.Alloc(bytes);
-    CHECK_OK(plane.Copy(stream, out, f + bytes + 8, bytes));
-    GpuCompletion fence;
-    CHECK_OK(plane.Fence(0, stream, &fence));
-    CHECK_OK(Wait(plane, &fence));
+    CHECK_OK(ex.Copy(out, f + bytes + 8, bytes));
+    CHECK_OK(WaitEvent(ex.Fence()));
     std::vector<char> want = b;
     ScaleBuffer(want.data(), n, dtype, 1.5);
     FinishReduction(want.data(), n, dtype, ReduceOp::AVERAGE, 0.5, 3);
@@ -343,8 +385,8 @@ void TestRealNcclError(NcclApi* api, cudaStream_t stream) {
   NcclCommunicators after(api, std::make_shared<NcclAbortFlag>());
   NcclDataPlane plane(&after, 12, 0, 1, kAlone);
   GpuCompletion done;
-  Status again = plane.Allreduce(0, stream, buf, buf, 16, DataType::FLOAT32, ReduceOp::SUM, 1.0,
-                                 1.0, &done);
+  Status again = plane.Allreduce(0, stream, buf, buf, 16, DataType::FLOAT32, ReduceOp::SUM,
+                                 &done);
   if (again.ok()) again = Wait(plane, &done);
   std::printf("same thread, new communicator after the NCCL error: %s\n",
               again.ok() ? "works" : again.message().c_str());
@@ -366,7 +408,7 @@ void TestDeadPeerAborts(NcclApi* api) {
     const auto start = std::chrono::steady_clock::now();
     GpuCompletion done;
     char* dummy = nullptr;
-    Status s = plane.Broadcast(0, nullptr, dummy, 0, 0, &done);
+    Status s = plane.Broadcast(0, nullptr, dummy, dummy, 0, 0, &done);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     killer.join();
@@ -403,8 +445,7 @@ void TestFreshCommunicator(NcclApi* api, cudaStream_t stream) {
   const std::vector<char> in = HostValues(DataType::FLOAT32, 100, 3);
   void* buf = gpu.Upload(in);
   GpuCompletion done;
-  CHECK_OK(plane.Allreduce(0, stream, buf, buf, 100, DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0,
-                           &done));
+  CHECK_OK(plane.Allreduce(0, stream, buf, buf, 100, DataType::FLOAT32, ReduceOp::SUM, &done));
   CHECK_OK(Wait(plane, &done));
   CHECK(gpu.Download(buf, in.size()) == in);
 }
@@ -428,15 +469,16 @@ int main() {
   {
     NcclCommunicators comms(api.get(), abort);
     NcclDataPlane plane(&comms, 0, 0, 1, kAlone);
-    TestAllreduce(plane, stream);
+    Rig rig(api.get(), &comms, &plane);
+    TestAllreduce(rig);
     std::printf("allreduce: %d checks, %d failed\n", g_checks, g_failures);
-    TestFusedAllreduce(plane, stream);
+    TestFusedAllreduce(rig);
     std::printf("fused allreduce: %d checks, %d failed\n", g_checks, g_failures);
-    TestOtherCollectives(plane, stream);
+    TestOtherCollectives(rig, stream);
     std::printf("allgather/broadcast/alltoall/reducescatter: %d checks, %d failed\n", g_checks,
                 g_failures);
-    TestAsynchronousCompletion(plane, stream);
-    TestExecutorPrimitives(plane, stream);
+    TestAsynchronousCompletion(rig);
+    TestExecutorPrimitives(rig);
     std::printf("executor primitives: %d checks, %d failed\n", g_checks, g_failures);
     CHECK(comms.size() == 1);  // one communicator for (set 0, GPU 0), reused
   }

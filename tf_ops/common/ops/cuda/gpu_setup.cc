@@ -1,0 +1,147 @@
+// Installs a GPU build's pieces into the core when the library loads: the
+// executor factory (executor.h) and the GpuSupport hooks (gpu_support.h).
+// Compiled only into a GPU build (TFRING_WITH_NCCL); the CPU library's source
+// glob picks this file up, and it then compiles to nothing.
+#ifdef TFRING_WITH_NCCL
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "../../executor.h"
+#include "../../gpu_support.h"
+#include "../../logging.h"
+#include "../gpu_executor.h"
+#include "../nccl_data_plane.h"
+#include "cuda_nccl_api.h"
+
+namespace tfring {
+namespace {
+
+// One per process, never destroyed: executors and planes of sets that are
+// being torn down at exit may still use it.
+struct GpuGlobals {
+  std::unique_ptr<NcclApi> api = CreateCudaNcclApi();
+  std::unique_ptr<NcclCommunicators> comms{
+      new NcclCommunicators(api.get(), std::make_shared<NcclAbortFlag>())};
+  GpuShared shared;
+  std::atomic<int32_t> next_key{1};
+
+  GpuGlobals() {
+    shared.api = api.get();
+    shared.comms = comms.get();
+    shared.events = std::make_shared<GpuEventPool>(api.get());
+  }
+};
+
+GpuGlobals& G() {
+  static GpuGlobals* g = new GpuGlobals();
+  return *g;
+}
+
+// The ready event of a GPU input: recorded on the producer's stream.
+class ReadyEvent : public DeviceEvent {
+ public:
+  ReadyEvent(std::shared_ptr<GpuEventPool> pool, GpuEvent event)
+      : pool_(std::move(pool)), event_(event) {}
+  ~ReadyEvent() override { pool_->Release(event_); }
+  Status Query() override {
+    int err = 0;
+    switch (pool_->api()->EventQuery(event_, &err)) {
+      case EventState::kDone: return Status::OK();
+      case EventState::kPending: return Status::InProgress();
+      case EventState::kError: break;
+    }
+    return CudaErrorToStatus(err, "the kernels producing a collective's input",
+                             pool_->api()->CudaErrorString(err));
+  }
+
+ private:
+  std::shared_ptr<GpuEventPool> pool_;
+  GpuEvent event_;
+};
+
+Status RecordReady(int32_t device, void* stream, std::shared_ptr<DeviceEvent>* out) {
+  GpuGlobals& g = G();
+  NcclApi* api = g.api.get();
+  int err = api->SetDevice(device);
+  if (err != 0) {
+    return CudaErrorToStatus(err, "cudaSetDevice(" + std::to_string(device) + ")",
+                             api->CudaErrorString(err));
+  }
+  GpuEvent event = nullptr;
+  err = g.shared.events->Acquire(&event);
+  if (err == 0) err = api->EventRecord(event, stream);
+  if (err != 0) {
+    if (event != nullptr) g.shared.events->Release(event);
+    return CudaErrorToStatus(err, "recording a ready event", api->CudaErrorString(err));
+  }
+  *out = std::make_shared<ReadyEvent>(g.shared.events, event);
+  return Status::OK();
+}
+
+// NCCL's unique id over the set's host plane: one length byte, then the id.
+BroadcastBytesFn BroadcastOver(DataPlane* host) {
+  return [host](std::string* bytes) {
+    std::string buf(1 + kNcclUniqueIdBytes, '\0');
+    if (bytes->size() == kNcclUniqueIdBytes) {
+      buf[0] = 1;
+      std::memcpy(&buf[1], bytes->data(), kNcclUniqueIdBytes);
+    }
+    TFRING_RETURN_IF_ERROR(host->Broadcast(&buf[0], static_cast<int64_t>(buf.size()), 0));
+    bytes->assign(buf[0] ? buf.substr(1) : std::string());
+    return Status::OK();
+  };
+}
+
+Status MakePlane(int rank, int size, const std::vector<std::string>& hosts, const Config& config,
+                 DataPlane* host, std::unique_ptr<DataPlane>* out) {
+  out->reset();
+  if (config.gpu_operations == "host") return Status::OK();
+  GpuGlobals& g = G();
+  // NCCL refuses two ranks on one GPU: it is used when every rank on each
+  // host can have a GPU of its own, which all ranks must agree on.
+  int devices = 0;
+  const int err = g.api->GetDeviceCount(&devices);
+  const int on_my_host = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[rank]));
+  uint8_t mine = err == 0 && devices >= on_my_host ? 1 : 0;
+  std::vector<uint8_t> all(size, 0);
+  TFRING_RETURN_IF_ERROR(host->Allgather(&mine, all.data(), std::vector<int64_t>(size, 1)));
+  if (std::find(all.begin(), all.end(), 0) != all.end()) {
+    if (config.gpu_operations == "nccl") {
+      TFRING_LOG(WARNING) << "TFRING_GPU_OPERATIONS=nccl, but some host runs more ranks than it "
+                             "has GPUs (NCCL refuses two ranks on one GPU); GPU tensors are "
+                             "staged through the host planes";
+    }
+    return Status::OK();
+  }
+  // A new job after a failed one: its communicators are gone with it.
+  if (g.comms->size() == 0) g.comms->abort_flag()->Clear();
+  out->reset(new NcclDataPlane(g.comms.get(), g.next_key.fetch_add(1), rank, size,
+                               BroadcastOver(host)));
+  return Status::OK();
+}
+
+bool Install() {
+  SetGpuExecutorFactory([](int32_t device, bool host_staged, std::unique_ptr<Executor>* out) {
+    return host_staged ? HostStagedExecutor::Create(&G().shared, device, out)
+                       : GpuExecutor::Create(&G().shared, device, out);
+  });
+  GpuSupport support;
+  support.record_ready_event = RecordReady;
+  support.make_plane = MakePlane;
+  support.abort_all = [](const std::string& reason) {
+    G().comms->abort_flag()->Request(reason);
+    G().comms->AbortAll();
+  };
+  support.host_copies = []() { return G().shared.staged_copies.load(); };
+  SetGpuSupport(std::move(support));
+  return true;
+}
+
+const bool installed = Install();
+
+}  // namespace
+}  // namespace tfring
+
+#endif  // GPU build
