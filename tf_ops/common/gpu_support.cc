@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "common.h"
+#include "ops/data_plane.h"
 
 namespace tfring {
 
