@@ -78,7 +78,10 @@ def _itemsize(name):
 
 
 def _numpy(x):
-    x = np.ascontiguousarray(x)
+    # Not np.ascontiguousarray: it makes a 0-d array 1-d.
+    x = np.asarray(x)
+    if not x.flags.c_contiguous:
+        x = x.copy(order="C")
     name = x.dtype.name
     return Adapted(x, x.ctypes.data, x.shape, name, CPU, 0,
                    lambda shape: np.empty(shape, x.dtype))

@@ -1,0 +1,30 @@
+"""Fixtures for tests/core/ranks/, which run inside every rank of a
+tfringrun job (collected only with TFRING_RANK_TESTS=1; tests/core/
+test_ranks.py launches them). Every rank runs the same tests in the same
+order, so their collectives line up. Nothing here imports TensorFlow."""
+import pytest
+
+import tfring.core as hvd
+
+
+@pytest.fixture(scope="session", autouse=True)
+def initialized():
+    hvd.init()
+    yield
+
+
+@pytest.fixture(scope="session")
+def rank():
+    return hvd.rank()
+
+
+@pytest.fixture(scope="session")
+def size():
+    return hvd.size()
+
+
+@pytest.fixture
+def needs_peers(size):
+    """Skips a test on a one-rank job (every rank alike)."""
+    if size < 2:
+        pytest.skip("needs ranks that can disagree")
