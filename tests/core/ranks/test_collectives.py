@@ -186,4 +186,4 @@ def test_topology(rank, size):
     assert 0 <= rank < size
     assert 0 <= hvd.local_rank() < hvd.local_size() <= size
     assert hvd.is_initialized()
-    assert hvd.gpu_built() == hvd.nccl_built()
+    assert hvd.nccl_built() or not hvd.gpu_built()
