@@ -106,13 +106,6 @@ def test_gpu_array_in_a_cpu_build(call):
     assert e.code == 4
 
 
-def test_cuda_array_interface_is_read():
-    from tfring.core import arrays
-    a = arrays.adapt(FakeCudaArray((2, 3), "<f2", stream=7))
-    assert (a.ptr, a.shape, a.dtype, a.code, a.device, a.stream) == (
-        0xdead0000, (2, 3), "float16", 6, 0, 7)
-
-
 def test_error_codes_and_types_are_horovods():
     assert issubclass(hvd.AbortedError, hvd.HorovodInternalError)
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
