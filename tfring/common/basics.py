@@ -73,14 +73,8 @@ def is_initialized():
     return loader._loaded is not None and _core().is_initialized()
 
 
-def _topology(fn):
-    def query():
-        # Topology stays valid after the job stopped, for error handlers.
-        _check(_core().check_topology_known())
-        return getattr(_core(), fn.__name__)()
-    query.__name__ = fn.__name__
-    query.__doc__ = fn.__doc__
-    return query
+# Topology stays valid after the job stopped, for error handlers.
+_topology = _lifecycle.topology
 
 
 @_topology

@@ -185,6 +185,24 @@ class Lifecycle:
                 self._install_excepthook()
                 self._atexit_registered = True
 
+    def topology(self, fn, not_known=None):
+        """A topology query named like ``fn`` (rank, size, ...), documented
+        by ``fn``'s docstring: it reads the core's function of that name,
+        which stays valid after the job stopped (for error handlers), and
+        before init() raises through ``not_known(code, message)`` (default:
+        the binding's raise_for_status)."""
+        raise_not_known = not_known or self._raise
+
+        def query():
+            core = self._core()
+            code, message = core.check_topology_known()
+            if code != 0:
+                raise_not_known(code, message)
+            return getattr(core, fn.__name__)()
+        query.__name__ = fn.__name__
+        query.__doc__ = fn.__doc__
+        return query
+
     def active_controller(self):
         """The controller init() started, else the one it would start."""
         return self.controller_in_use if self.controller_in_use is not None \

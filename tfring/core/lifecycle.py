@@ -73,16 +73,12 @@ def is_initialized():
     return _module.loaded() and _core().is_initialized()
 
 
+def _not_initialized(code, message):
+    raise errors.NotInitializedError(message, code)
+
+
 def _topology(fn):
-    def query():
-        core = _core()
-        code, message = core.check_topology_known()
-        if code != errors.OK:
-            raise errors.NotInitializedError(message, code)
-        return getattr(core, fn.__name__)()
-    query.__name__ = fn.__name__
-    query.__doc__ = fn.__doc__
-    return query
+    return _lifecycle.topology(fn, _not_initialized)
 
 
 @_topology

@@ -4,23 +4,11 @@ test_ranks.py launches them). Every rank runs the same tests in the same
 order, so their collectives line up. Nothing here imports TensorFlow."""
 import pytest
 
-import tfring.core as hvd
+import rank_fixtures
 
-
-@pytest.fixture(scope="session", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-
-
-@pytest.fixture(scope="session")
-def rank():
-    return hvd.rank()
-
-
-@pytest.fixture(scope="session")
-def size():
-    return hvd.size()
+# The shared fixtures start tfring.core here, not tfring.tensorflow.
+rank_fixtures.BINDING = "tfring.core"
+from rank_fixtures import initialized, rank, size  # noqa: E402,F401
 
 
 @pytest.fixture
