@@ -24,7 +24,8 @@ def test_killed_rank_is_named_and_nothing_hangs(np_, victim, controller, core_mo
     for rank in (r for r in range(np_) if r != victim):
         for tag in ("pending", "later"):
             got = reports.get((rank, tag))
-            assert got is not None, f"rank {rank} reported nothing ({tag}):\n{result.stdout[-5000:]}"
+            assert got is not None, (
+                f"rank {rank} reported nothing ({tag}):\n{result.stdout[-5000:]}")
             kind, code, internal, message = got.split(" ", 3)
             assert kind == "AbortedError" and code == "3" and internal == "True", got
             assert f"rank {victim}" in message, got

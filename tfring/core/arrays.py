@@ -68,14 +68,6 @@ class Adapted:
         self.new = new
         self.wrap = wrap or (lambda a: a)
 
-    @property
-    def nbytes(self):
-        return int(np.prod(self.shape, dtype=np.int64)) * _itemsize(self.dtype)
-
-
-def _itemsize(name):
-    return 2 if name == "bfloat16" else np.dtype(name).itemsize
-
 
 def _numpy(x):
     # Not np.ascontiguousarray: it makes a 0-d array 1-d.
