@@ -1,24 +1,34 @@
 """Fixtures shared by every rank suite (*/ranks/conftest.py imports them):
-tfring is initialised once per rank, and `rank`/`size` are the job's."""
+tfring is initialised once per rank, and `rank`/`size` are the job's.
+
+They drive the binding named by BINDING, imported when first used:
+tfring.tensorflow, unless a suite's conftest sets another (tests/core/ranks
+sets tfring.core, which must not import TensorFlow) before its tests run."""
+import importlib
+
 import pytest
 
-import tfring.tensorflow as hvd
+BINDING = "tfring.tensorflow"
+
+
+def _hvd():
+    return importlib.import_module(BINDING)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def initialized():
-    hvd.init()
+    _hvd().init()
     yield
 
 
 @pytest.fixture(scope="session")
 def rank():
-    return hvd.rank()
+    return _hvd().rank()
 
 
 @pytest.fixture(scope="session")
 def size():
-    return hvd.size()
+    return _hvd().size()
 
 
 def _registered_set(size, ranks):
@@ -27,11 +37,11 @@ def _registered_set(size, ranks):
     where no set can leave a rank out."""
     if size < 2:
         pytest.skip("needs a rank outside the process set")
-    ps = hvd.add_process_set(ranks)
+    ps = _hvd().add_process_set(ranks)
     try:
         yield ps
     finally:
-        hvd.remove_process_set(ps)
+        _hvd().remove_process_set(ps)
 
 
 @pytest.fixture

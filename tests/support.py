@@ -66,6 +66,15 @@ def run_rank_suite(np_, suite_dir, timeout=600, env=None, python=sys.executable,
     return result.stdout
 
 
+def check_rank_suite(np_, suite_dir, controller=None, **kwargs):
+    """run_rank_suite, then checks that every rank reported its own pass
+    line; returns the output."""
+    output = run_rank_suite(np_, suite_dir, controller=controller, **kwargs)
+    passed = {r for r, text in rank_lines(output) if re.search(r"\d+ passed", text)}
+    assert sorted(passed) == list(range(np_)), output[-5000:]
+    return output
+
+
 _PREFIX = re.compile(r"^\[(\d+)\](?:<(stdout|stderr)>)?:?\s?(.*)$")
 
 

@@ -17,7 +17,9 @@ a program (``python -m``) on top of everything. From the bottom:
    elastic worker; no launcher, no framework binding.
 3. ``tfring.runner``: tfringrun and its pieces (no TensorFlow).
    ``tfring.tensorflow`` and ``tfring.keras``, the framework bindings, on
-   the same level, which may import each other but not the launcher.
+   the same level, which may import each other but not the launcher;
+   ``tfring.core``, the framework-neutral binding, beside them, importing
+   neither.
 4. ``tfring.ray`` and ``tfring.spark``: launchers over other schedulers,
    built on tfring.runner (and Spark's Keras estimator on tfring.keras).
 
@@ -115,6 +117,7 @@ ALLOWED = {
     "_store": set(), "build": set(), "migrate": set(),
     "common": {"_store", "build"},
     "runner": {"_store", "build", "common"},
+    "core": {"_store", "build", "common"},
     "tensorflow": {"_store", "build", "common", "keras"},
     "keras": {"_store", "build", "common", "tensorflow"},
     "ray": {"_store", "build", "common", "runner"},

@@ -205,16 +205,22 @@ def _missing(nccl, runtime, nvcc, tf_cuda):
     return parts
 
 
-def cuda_build_options(tf_compile_flags=(), root=None, build_dir=None, log=print):
-    """What the op library's build adds for GPUs, or None for a CPU library.
+def cuda_build_options(cxx_flags=(), root=None, build_dir=None, log=print,
+                       wanted_by_default=None):
+    """What a build of the core adds for GPUs, or None for a CPU build.
 
     Args:
-      tf_compile_flags: TensorFlow's C++ compile flags (for the C++ ABI macro
-        that nvcc must use too).
+      cxx_flags: the C++ compile flags the rest of the build uses (the C++
+        ABI macro among them, which nvcc must use too): TensorFlow's for the
+        op library, none for the framework-neutral module.
       root: the source tree (holding ``tf_ops/``); default: the checkout this
         file is in.
       build_dir: where the CUDA objects go; default ``<root>/build/cuda``.
       log: called with one line when the choice needs explaining.
+      wanted_by_default: with TFRING_WITH_NCCL unset, a callable that says
+        whether a GPU build is wanted (the op library passes
+        :func:`tf_built_with_cuda`); None: not wanted, so only
+        TFRING_WITH_NCCL=1 makes one and nothing imports TensorFlow.
 
     Returns:
       None, or a dict with the build option fields ``sources``,
@@ -229,7 +235,8 @@ def cuda_build_options(tf_compile_flags=(), root=None, build_dir=None, log=print
         failed.
 
     Example:
-      >>> opts = cuda_build_options(tf.sysconfig.get_compile_flags())
+      >>> opts = cuda_build_options(tf.sysconfig.get_compile_flags(),
+      ...                           wanted_by_default=tf_built_with_cuda)
       >>> NCCL_BUILT = opts is not None
     """
     forced = os.environ.get("TFRING_WITH_NCCL", "").strip().lower()
@@ -238,8 +245,10 @@ def cuda_build_options(tf_compile_flags=(), root=None, build_dir=None, log=print
     if forced not in ("", "1", "true", "yes", "on"):
         raise CudaBuildError(f"TFRING_WITH_NCCL={forced!r}: use 1 (build for GPUs) or 0 (do not)")
     required = forced != ""
+    if not required and wanted_by_default is None:
+        return None
     nccl, runtime, nvcc = find_nccl(), find_cuda_runtime(), find_nvcc()
-    tf_cuda = True if required else tf_built_with_cuda()
+    tf_cuda = True if required else wanted_by_default()
     missing = _missing(nccl, runtime, nvcc, tf_cuda)
     if not missing:
         # Objects from one nvcc and a CUDA runtime of another major version
@@ -266,7 +275,7 @@ def cuda_build_options(tf_compile_flags=(), root=None, build_dir=None, log=print
     for src in GPU_CUDA_SOURCES:
         obj = os.path.join(build_dir, os.path.basename(src) + ".o")
         # nvcc brings its own CUDA headers; the .cu file needs no others.
-        cmd = nvcc_command(nvcc, os.path.join(root, src), obj, [], tf_compile_flags)
+        cmd = nvcc_command(nvcc, os.path.join(root, src), obj, [], cxx_flags)
         log("tfring: " + " ".join(cmd))
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:

@@ -128,17 +128,31 @@ def with_mpi():
                      "(1 builds the MPI transport too, 0 builds the TCP transport only)")
 
 
+# The pybind11 module of the op library: its init and the lifecycle functions
+# it shares with the framework-neutral module (tfring/build/core_module.py).
+PYTHON_LIFECYCLE = "python_lifecycle.cc"
+PYTHON_BINDING = ["python_module.cc", PYTHON_LIFECYCLE]
+
+
+def core_translation_units(root, mpi=None):
+    """The core's .cc files (tf_ops/common, no tests), relative to root;
+    ``mpi`` (default :func:`with_mpi`) False leaves out the MPI transport's
+    files. Both the op library and the framework-neutral module are built
+    from these."""
+    mpi = with_mpi() if mpi is None else mpi
+    return [f for f in source_files(root)
+            if f.startswith(os.path.join("tf_ops", "common")) and f.endswith(".cc")
+            and (mpi or not is_mpi_source(f))]
+
+
 def translation_units(root, mpi=None):
     """The .cc files compiled into the library, relative to root: the core,
     the TF kernels, then the pybind11 module. ``mpi`` (default
     :func:`with_mpi`) False leaves out the MPI transport's files."""
-    mpi = with_mpi() if mpi is None else mpi
-    files = source_files(root)
-    core = [f for f in files if f.startswith(os.path.join("tf_ops", "common")) and f.endswith(".cc")
-            and (mpi or not is_mpi_source(f))]
-    kernels = [f for f in files
+    core = core_translation_units(root, mpi)
+    kernels = [f for f in source_files(root)
                if f.startswith(os.path.join("tf_ops", "tensorflow")) and f.endswith(".cc")]
-    return core + kernels + [os.path.join("tf_ops", "python_module.cc")]
+    return core + kernels + [os.path.join("tf_ops", f) for f in PYTHON_BINDING]
 
 
 def source_digest(root):
@@ -226,19 +240,23 @@ def _pybind11_include():
     return pybind11.get_include()
 
 
-def base_options(tf, root):
-    """The build for a CPU library against ``tf`` (the imported module), with
-    or without MPI (:func:`with_mpi`)."""
+def host_options(sources, compile_args=(), link_args=()):
+    """A CPU build of ``sources`` into a pybind11 module, with or without MPI
+    (:func:`with_mpi`): Python's and pybind11's headers, tfring's own compile
+    flags after ``compile_args`` (a framework's, e.g. TensorFlow's ABI and
+    C++ standard) and ``link_args``. No framework is needed here; the op
+    library (:func:`base_options`) and the framework-neutral module
+    (tfring/build/core_module.py) both start from it."""
     options = BuildOptions(
-        sources=translation_units(root, with_mpi()),
+        sources=list(sources),
         include_dirs=[_pybind11_include(), _python_include()],
         define_macros=[("TFRING_WITH_MPI", "1" if with_mpi() else "0")],
         # -fvect-cost-model=cheap: at -O2, GCC 12 only vectorises loops that
         # need no scalar tail; the element-wise reductions need one.
-        extra_compile_args=list(tf.sysconfig.get_compile_flags()) + [
+        extra_compile_args=list(compile_args) + [
             "-O2", "-DNDEBUG", "-fPIC", "-fvect-cost-model=cheap", "-fvisibility=hidden",
             "-Wno-deprecated-declarations"],
-        extra_link_args=list(tf.sysconfig.get_link_flags()),
+        extra_link_args=list(link_args),
     )
     if not with_mpi():
         return options
@@ -252,6 +270,13 @@ def base_options(tf, root):
         # cached builds. The loader also preloads libmpi before loading.
         extra_link_args=["-Wl,-rpath,$ORIGIN/../../..", "-Wl,-rpath," + os.path.join(mpi, "lib")],
     ))
+
+
+def base_options(tf, root):
+    """The build for a CPU library against ``tf`` (the imported module), with
+    or without MPI (:func:`with_mpi`)."""
+    return host_options(translation_units(root, with_mpi()), tf.sysconfig.get_compile_flags(),
+                        tf.sysconfig.get_link_flags())
 
 
 # ---- Extra build options: the one place they join the base build ----------
@@ -280,7 +305,8 @@ def _cuda_provider(tf, root, workdir, log):
     cuda = _load_sibling("cuda")
     try:
         return cuda.cuda_build_options(list(tf.sysconfig.get_compile_flags()), root=root,
-                                       build_dir=workdir, log=log)
+                                       build_dir=workdir, log=log,
+                                       wanted_by_default=cuda.tf_built_with_cuda)
     except cuda.CudaBuildError as e:
         raise BuildError(str(e)) from e
 
@@ -447,9 +473,10 @@ def _tfring_version():
     return __version__
 
 
-def cache_entry(tf_version, root=None, variant=""):
+def cache_entry(tf_version, root=None, variant="", label=None):
     """The cache directory for a build against ``tf_version`` of the sources
-    under ``root``: ``<cache>/<tfring version>/tf<ver>-<python>-<arch>-<hash>``.
+    under ``root``: ``<cache>/<tfring version>/tf<ver>-<python>-<arch>-<hash>``
+    (``label`` replaces ``tf<ver>`` for a build that is not TensorFlow's).
     The hash covers the sources, the build recipe and ``variant`` (see
     :func:`build_variant`), so an edited source or a GPU build gets an entry
     of its own."""
@@ -457,7 +484,7 @@ def cache_entry(tf_version, root=None, variant=""):
     key = hashlib.sha256(
         f"{source_digest(root)}|{RECIPE_VERSION}|{variant}".encode()).hexdigest()[:16]
     arch = sysconfig.get_platform().replace("-", "_")
-    name = f"tf{tf_version}-{sys.implementation.cache_tag}-{arch}-{key}"
+    name = f"{label or 'tf' + str(tf_version)}-{sys.implementation.cache_tag}-{arch}-{key}"
     return os.path.join(cache_dir(), _tfring_version(), name)
 
 
@@ -477,8 +504,8 @@ def _lock(path, on_wait):
     return f, True
 
 
-def locked_build(entry, build, log=_log, what="the op library"):
-    """Returns ``entry/LIBRARY_NAME``, calling ``build(tmp_output)`` first if it
+def locked_build(entry, build, log=_log, what="the op library", name=LIBRARY_NAME):
+    """Returns ``entry/name`` (default :data:`LIBRARY_NAME`), calling ``build(tmp_output)`` first if it
     does not exist yet. The build runs under an exclusive lock on
     ``entry.lock``: of N processes arriving together one builds and the others
     wait, then find the finished file. The output is moved into place only when
@@ -490,7 +517,7 @@ def locked_build(entry, build, log=_log, what="the op library"):
         log: progress sink.
         what: how the log names the thing being built.
     """
-    target = os.path.join(entry, LIBRARY_NAME)
+    target = os.path.join(entry, name)
     if os.path.exists(target):
         return target
     os.makedirs(os.path.dirname(entry), exist_ok=True)
@@ -503,7 +530,7 @@ def locked_build(entry, build, log=_log, what="the op library"):
                 log(f"another process finished building {what}: {target}")
             return target
         os.makedirs(entry, exist_ok=True)
-        tmp = os.path.join(entry, f".{LIBRARY_NAME}.{os.getpid()}.tmp")
+        tmp = os.path.join(entry, f".{name}.{os.getpid()}.tmp")
         try:
             build(tmp)
             os.replace(tmp, target)

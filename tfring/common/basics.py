@@ -4,127 +4,18 @@ Every function here is shared by tfring.tensorflow and tfring.keras. Errors
 from the core come back as (code, message) and are raised as the
 ``tf.errors`` type Horovod users expect.
 """
-import atexit
 import os
-import sys
-import threading
 
-from tfring._store import rendezvous
-from tfring.common import elastic, loader
+from tfring.common import loader, startup
 from tfring.common import process_sets as process_set_registry
 # The core's handle and statuses, under the names the bindings use (basics._core,
 # basics.raise_for_status, ...).
-from tfring.common.status import _PRECONDITION, _check, _core, _require_init, raise_for_status
+from tfring.common.status import (_PRECONDITION, _check, _core, _require_init,  # noqa: F401
+                                  raise_for_status)
+# Which controller init() starts; here under the name the TF binding always had.
+from tfring.common.startup import configured_controller  # noqa: F401
 
-_atexit_registered = False
-_init_lock = threading.Lock()
-# The controller the last successful init() started ("mpi" or "tcp").
-_controller_in_use = None
-# The rendezvous store this process serves (TFRING_RENDEZVOUS_SERVE=1).
-_rendezvous_server = None
-_CONTROLLERS = {"mpi": "mpi", "tcp": "tcp", "gloo": "tcp"}
-_TRUE = ("1", "true", "yes", "on")
-# Set by our excepthook: what the other ranks are told when this one dies of
-# an uncaught exception.
-_exit_reason = ""
-
-
-def _comm_handle(comm):
-    """Turns init()'s `comm` argument into an MPI Fortran handle."""
-    from mpi4py import MPI
-    world = MPI.COMM_WORLD
-    if comm is None:
-        return world.py2f()
-    if isinstance(comm, MPI.Comm):
-        return comm.py2f()
-    ranks = list(comm)
-    if not all(isinstance(r, int) and 0 <= r < world.Get_size() for r in ranks):
-        raise ValueError(
-            f"init(comm=...) got ranks {ranks}; they must be integers in "
-            f"[0, {world.Get_size()}).")
-    # Comm.Split is collective over COMM_WORLD: every process takes part, and
-    # the ones outside `ranks` get no communicator.
-    member = world.Get_rank() in ranks
-    sub = world.Split(0 if member else MPI.UNDEFINED, ranks.index(world.Get_rank()) if member else 0)
-    if not member:
-        raise ValueError(
-            f"init(comm={ranks}) was called on MPI rank {world.Get_rank()}, which is not in that "
-            "list; only the listed ranks can take part in the job.")
-    return sub.py2f()
-
-
-def configured_controller(env=None):
-    """The controller init() starts, from the environment.
-
-    ``TFRING_CONTROLLER`` (alias ``HOROVOD_CONTROLLER``) names it: ``mpi``, or
-    ``tcp`` (``gloo``, Horovod's name, means tcp). Unset, it is tcp when
-    ``TFRING_RENDEZVOUS_ADDR`` is set (ranks started by Ray, Spark or
-    Kubernetes point at a store that way), else mpi. tfringrun sets it.
-
-    Args:
-        env: the environment to read (default: os.environ).
-
-    Returns:
-        "mpi" or "tcp".
-
-    Raises:
-        ValueError: the variable names another controller.
-
-    Example:
-        >>> configured_controller({"HOROVOD_CONTROLLER": "gloo"})
-        'tcp'
-    """
-    env = os.environ if env is None else env
-    for name in ("TFRING_CONTROLLER", "HOROVOD_CONTROLLER"):
-        value = env.get(name, "").strip().lower()
-        if value:
-            if value not in _CONTROLLERS:
-                raise ValueError(f"{name}={env[name]!r} names no controller tfring has; use "
-                                 "mpi or tcp (gloo means tcp).")
-            return _CONTROLLERS[value]
-    return "tcp" if env.get("TFRING_RENDEZVOUS_ADDR") else "mpi"
-
-
-def _serve_rendezvous_if_asked(env=None):
-    """Starts the job's rendezvous store in this process when
-    ``TFRING_RENDEZVOUS_SERVE`` is true, at ``TFRING_RENDEZVOUS_ADDR``'s port
-    ``TFRING_RENDEZVOUS_PORT`` (fixed: the other ranks already know it), with
-    ``TFRING_SECRET``. It binds to ``TFRING_BIND_HOST`` when set, to loopback
-    when the address is a loopback one, else to every interface, and serves
-    until the process exits (a re-init finds it still there)."""
-    global _rendezvous_server
-    env = os.environ if env is None else env
-    if env.get("TFRING_RENDEZVOUS_SERVE", "").strip().lower() not in _TRUE:
-        return
-    if _rendezvous_server is not None:
-        return
-    addr = env.get("TFRING_RENDEZVOUS_ADDR", "").strip()
-    port_text = env.get("TFRING_RENDEZVOUS_PORT", "").strip()
-    if not addr or not port_text:
-        raise ValueError("TFRING_RENDEZVOUS_SERVE=1 needs TFRING_RENDEZVOUS_ADDR and "
-                         "TFRING_RENDEZVOUS_PORT: the address the other ranks reach the "
-                         "store at.")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"TFRING_RENDEZVOUS_PORT={port_text!r} is not a port (1-65535); "
-                         "a served store needs the fixed port the other ranks know.")
-    bind = env.get("TFRING_BIND_HOST", "").strip() or (
-        "127.0.0.1" if _is_loopback(addr) else "0.0.0.0")
-    try:
-        _rendezvous_server = rendezvous.start_server(bind, int(port_text))
-    except OSError as e:
-        raise_for_status(_PRECONDITION, f"TFRING_RENDEZVOUS_SERVE=1: cannot serve the "
-                                        f"rendezvous store on {bind}:{port_text}: "
-                                        f"{e.strerror or e}")
-
-
-def _is_loopback(host):
-    import ipaddress
-    import socket
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+_lifecycle = startup.Lifecycle(_core, lambda: loader._loaded is not None, raise_for_status)
 
 
 def init(comm=None, process_sets=None):
@@ -159,39 +50,7 @@ def init(comm=None, process_sets=None):
         >>> hvd.init()
         >>> print(hvd.rank(), hvd.size())
     """
-    global _atexit_registered, _controller_in_use
-    with _init_lock:
-        controller = configured_controller()
-        if controller != "tcp" and os.environ.get("TFRING_ELASTIC", "").lower() in _TRUE:
-            raise ValueError("elastic training (TFRING_ELASTIC=1) runs over the TCP "
-                             "controller only: MPI cannot lose a rank.")
-        if controller == "tcp":
-            if comm is not None:
-                raise ValueError(
-                    "init(comm=...) needs MPI, but the controller is tcp (TFRING_CONTROLLER, "
-                    "HOROVOD_CONTROLLER=gloo or TFRING_RENDEZVOUS_ADDR). Under tcp the job "
-                    "is every rank that registered with the rendezvous store; use process "
-                    "sets (hvd.add_process_set) for a subset of ranks.")
-            core = _core()
-            if not hasattr(core, "init_tcp"):
-                raise_for_status(_PRECONDITION, "this tfring library has no TCP controller "
-                                                "(no init_tcp): rebuild it from this source.")
-            _serve_rendezvous_if_asked()
-            if elastic.enabled() and not core.is_initialized():
-                # The driver's round decides this worker's rank, size and
-                # store scope (see tfring.common.elastic).
-                elastic.join_round()
-            _check(core.init_tcp())
-        else:
-            handle = _comm_handle(comm)
-            _check(_core().init(handle))
-        _controller_in_use = controller
-        if not _atexit_registered:
-            # Registered after mpi4py's own hook (MPI), so it runs first: the
-            # background thread is gone before MPI is finalised.
-            atexit.register(_shutdown_at_exit)
-            _install_excepthook()
-            _atexit_registered = True
+    _lifecycle.start(comm)
     if process_sets and process_sets != "dynamic":
         for ps in process_sets:
             process_set_registry.add_process_set(ps)
@@ -209,55 +68,13 @@ def shutdown():
     _check(_core().shutdown())
 
 
-def _install_excepthook():
-    previous = sys.excepthook
-
-    def record_and_report(exc_type, exc, tb):
-        global _exit_reason
-        _exit_reason = f"died of an uncaught {exc_type.__name__}: {exc}"[:400]
-        previous(exc_type, exc, tb)
-    sys.excepthook = record_and_report
-
-
-def _shutdown_at_exit():
-    if loader._loaded is None:
-        return
-    core = _core()
-    core.shutdown(_exit_reason or "finished its script (without calling shutdown())")
-    broken = core.communication_broken()
-    if _rendezvous_server is not None and not broken:
-        _rendezvous_server.stop()
-    if broken:
-        # A peer is gone: MPI_Finalize could wait for it forever. Skip it.
-        # Linger a moment first: the other survivors check their peers every
-        # 0.2 s, and should name the rank that died first, not this one.
-        import time
-        time.sleep(0.5)
-        if _controller_in_use == "mpi":
-            try:
-                import mpi4py
-                mpi4py.rc.finalize = False
-                from mpi4py import MPI  # noqa: F401
-            except ImportError:
-                pass
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-
-
 def is_initialized():
     """True while collectives can run."""
     return loader._loaded is not None and _core().is_initialized()
 
 
-def _topology(fn):
-    def query():
-        # Topology stays valid after the job stopped, for error handlers.
-        _check(_core().check_topology_known())
-        return getattr(_core(), fn.__name__)()
-    query.__name__ = fn.__name__
-    query.__doc__ = fn.__doc__
-    return query
+# Topology stays valid after the job stopped, for error handlers.
+_topology = _lifecycle.topology
 
 
 @_topology
@@ -345,7 +162,7 @@ def mpi_threads_supported():
 
 
 def _active_controller():
-    return _controller_in_use if _controller_in_use is not None else configured_controller()
+    return _lifecycle.active_controller()
 
 
 def mpi_enabled():

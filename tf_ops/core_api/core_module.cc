@@ -1,0 +1,370 @@
+// `_tfring_core`: the core's collectives on raw buffers, for Python without
+// TensorFlow (tfring/core/). Like the TF kernels (tf_ops/tensorflow/
+// kernels.cc) it only translates: it fills one TensorTableEntry per tensor
+// and hands it to the same Enqueue. What the collective checks, negotiates
+// and runs is decided in the core, never here.
+//
+// Threads: Enqueue runs with the GIL released; the core's background thread
+// takes the GIL only to call a Python output allocator and to drop the
+// Python objects a request kept alive. Waiting on a handle releases the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../common/gpu_support.h"
+#include "../common/operations.h"
+#include "../python_lifecycle.h"
+
+namespace py = pybind11;
+
+namespace tfring {
+namespace {
+
+// A Python object referenced from C++ state that the core's threads may
+// destroy: the reference is dropped under the GIL, and leaked instead when
+// the interpreter is already gone (a request failed during exit).
+class PyRef {
+ public:
+  explicit PyRef(py::object o) : obj_(o.release().ptr()) {}
+  ~PyRef() {
+    if (obj_ == nullptr || !Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    Py_DECREF(obj_);
+  }
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  PyObject* get() const { return obj_; }
+
+ private:
+  PyObject* obj_;
+};
+
+// The state of one submitted call (one or more entries): finished once every
+// entry's callback ran. Shared by the Python handle and the entries'
+// callbacks.
+class PendingCall {
+ public:
+  explicit PendingCall(int entries) : remaining_(entries), received_splits_(entries) {}
+
+  // `n` entries finished with `s`; the first error is the request's.
+  void Finish(const Status& s, int32_t int_result = -1, int n = 1) {
+    std::shared_ptr<PyRef> drop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok() && status_.ok()) status_ = s;
+      if (int_result >= 0) int_result_ = int_result;
+      remaining_ -= n;
+      if (remaining_ > 0) return;
+      drop = std::move(keep_alive_);
+    }
+    cv_.notify_all();
+    // `drop` goes here, outside the lock: it may need the GIL.
+  }
+
+  bool Done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return remaining_ <= 0;
+  }
+  // Waits up to `timeout_s` (negative: forever); true once done.
+  bool Wait(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto done = [this] { return remaining_ <= 0; };
+    if (timeout_s < 0) {
+      cv_.wait(lock, done);
+      return true;
+    }
+    return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), done);
+  }
+  Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+  int32_t int_result() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return int_result_;
+  }
+  void SetReceivedSplits(int index, const std::vector<int64_t>& splits) {
+    std::lock_guard<std::mutex> lock(mu_);
+    received_splits_[index] = splits;
+  }
+  std::vector<std::vector<int64_t>> received_splits() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return received_splits_;
+  }
+  // What must outlive the collective (the caller's arrays, the allocator),
+  // released when the last entry finishes.
+  void KeepAlive(std::shared_ptr<PyRef> objects) { keep_alive_ = std::move(objects); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int remaining_;
+  Status status_;
+  int32_t int_result_ = -1;
+  std::vector<std::vector<int64_t>> received_splits_;
+  std::shared_ptr<PyRef> keep_alive_;
+};
+
+// What Python hands over for one tensor of a call.
+struct TensorSpec {
+  uintptr_t input = 0;
+  uintptr_t output = 0;  // 0: allocated through the allocator after negotiation
+  TensorShape shape;
+  int32_t dtype = 0;
+};
+
+// The arguments of one call, shared by all its tensors.
+struct CallSpec {
+  int32_t collective = 0;
+  int32_t process_set_id = kGlobalProcessSetId;
+  std::string name;
+  bool grouped = false;
+  int32_t reduce_op = static_cast<int32_t>(ReduceOp::SUM);
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root_rank = 0;
+  std::vector<int64_t> splits;
+  int32_t device = kCpuDevice;
+  uintptr_t stream = 0;
+};
+
+Status CheckEnum(int32_t value, int32_t last, const char* what) {
+  if (value < 0 || value > last) {
+    return Status::InvalidArgument("tfring: " + std::string(what) + " " + std::to_string(value) +
+                                   " is not one the core knows");
+  }
+  return Status::OK();
+}
+
+// Calls the Python allocator (allocator(index, shape) -> data pointer) on
+// whichever core thread needs the output.
+AllocateFn PythonAllocator(std::shared_ptr<PyRef> allocator, int index) {
+  return [allocator, index](const TensorShape& shape, void** data) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple dims(shape.size());
+      for (size_t i = 0; i < shape.size(); ++i) dims[i] = py::int_(shape[i]);
+      py::object result = py::reinterpret_borrow<py::object>(allocator->get())(index, dims);
+      *data = reinterpret_cast<void*>(result.cast<uintptr_t>());
+    } catch (py::error_already_set& e) {
+      return Status::Unknown("tfring: allocating an output of shape " + ShapeString(shape) +
+                             " failed: " + e.what());
+    } catch (const std::exception& e) {
+      return Status::Unknown("tfring: the output allocator returned no data pointer: " +
+                             std::string(e.what()));
+    }
+    return Status::OK();
+  };
+}
+
+// Fills entry `i` of `call` (all but the callback).
+Status FillEntry(const CallSpec& call, const TensorSpec& t, int i, int n,
+                 const std::shared_ptr<DeviceEvent>& ready,
+                 const std::shared_ptr<PyRef>& allocator, const std::shared_ptr<PendingCall>& req,
+                 TensorTableEntry* e) {
+  e->type = static_cast<CollectiveType>(call.collective);
+  e->name = n > 1 || call.grouped ? call.name + "_" + std::to_string(i) : call.name;
+  if (call.grouped) {
+    e->group_name = call.name;
+    e->group_size = n;
+    e->group_index = i;
+  }
+  TFRING_RETURN_IF_ERROR(CheckEnum(t.dtype, static_cast<int32_t>(DataType::BOOL), "dtype"));
+  e->dtype = static_cast<DataType>(t.dtype);
+  e->shape = t.shape;
+  e->device = call.device;
+  e->ready_event = ready;
+  e->input = reinterpret_cast<const void*>(t.input);
+  e->reduce_op = static_cast<ReduceOp>(call.reduce_op);
+  e->prescale_factor = call.prescale;
+  e->postscale_factor = call.postscale;
+  e->root_rank = call.root_rank;
+  switch (e->type) {
+    case CollectiveType::ALLREDUCE:
+    case CollectiveType::BROADCAST:
+      if (t.output == 0) {
+        return Status::InvalidArgument(std::string("tfring: ") + CollectiveName(e->type) +
+                                       " needs an output buffer of the input's shape");
+      }
+      e->output = reinterpret_cast<void*>(t.output);
+      break;
+    case CollectiveType::ALLTOALL:
+      e->splits = call.splits;
+      e->set_received_splits = [req, i](const std::vector<int64_t>& received) {
+        req->SetReceivedSplits(i, received);
+      };
+      [[fallthrough]];
+    case CollectiveType::ALLGATHER:
+    case CollectiveType::REDUCESCATTER:
+      if (!allocator) {
+        return Status::InvalidArgument(std::string("tfring: ") + CollectiveName(e->type) +
+                                       " needs an output allocator");
+      }
+      e->allocate_output = PythonAllocator(allocator, i);
+      break;
+    default:
+      return Status::InvalidArgument(std::string("tfring: ") + CollectiveName(e->type) +
+                                     " is not submitted through enqueue()");
+  }
+  return Status::OK();
+}
+
+// Submits `tensors` as one call; the returned request finishes when all
+// have. A submission error finishes the request at once with that error
+// (entries already enqueued still run to their end first).
+// The ready event of a GPU call, recorded by ready_event() before the
+// outputs are made (null for host memory).
+struct ReadyEvent {
+  std::shared_ptr<DeviceEvent> event;
+};
+
+std::shared_ptr<PendingCall> Submit(const CallSpec& call, const std::vector<TensorSpec>& tensors,
+                                    std::shared_ptr<DeviceEvent> ready, py::object allocator,
+                                    py::object keep_alive) {
+  const int n = static_cast<int>(tensors.size());
+  auto req = std::make_shared<PendingCall>(std::max(n, 1));
+  req->KeepAlive(std::make_shared<PyRef>(py::make_tuple(keep_alive, allocator)));
+  auto alloc = allocator.is_none() ? nullptr : std::make_shared<PyRef>(allocator);
+  py::gil_scoped_release release;
+  Status s = CheckEnum(call.collective, static_cast<int32_t>(CollectiveType::REDUCESCATTER),
+                       "collective");
+  if (s.ok()) s = CheckEnum(call.reduce_op, static_cast<int32_t>(ReduceOp::PRODUCT), "reduce op");
+  if (s.ok() && n == 0) s = Status::InvalidArgument("tfring: no tensors were given");
+  if (s.ok()) s = CheckInitialized();
+  if (s.ok() && IsGpuDevice(call.device) && !ready) {
+    // One event for the whole call: every input was produced on `stream`.
+    s = RecordReadyEvent(call.device, reinterpret_cast<void*>(call.stream), &ready);
+  }
+  if (!s.ok()) {
+    req->Finish(s, -1, std::max(n, 1));
+    return req;
+  }
+  for (int i = 0; i < n; ++i) {
+    TensorTableEntry e;
+    s = FillEntry(call, tensors[i], i, n, ready, alloc, req, &e);
+    if (s.ok()) {
+      e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
+      s = Enqueue(call.process_set_id, std::move(e));
+    }
+    if (!s.ok()) {
+      req->Finish(s, -1, n - i);
+      break;
+    }
+  }
+  return req;
+}
+
+// BARRIER and JOIN: no tensor, one entry.
+std::shared_ptr<PendingCall> SubmitControl(CollectiveType type, int32_t process_set_id,
+                                       const std::string& name) {
+  auto req = std::make_shared<PendingCall>(1);
+  py::gil_scoped_release release;
+  TensorTableEntry e;
+  e.type = type;
+  e.name = type == CollectiveType::JOIN ? std::string(kJoinTensorName) : name;
+  e.dtype = DataType::UINT8;
+  e.callback = [req](const Status& st, int32_t result) { req->Finish(st, result); };
+  Status s = CheckInitialized();
+  if (s.ok()) s = Enqueue(process_set_id, std::move(e));
+  if (!s.ok()) req->Finish(s);
+  return req;
+}
+
+}  // namespace
+}  // namespace tfring
+
+PYBIND11_MODULE(_tfring_core, m) {
+  using namespace tfring;
+  m.doc() = "tfring's core without a framework: lifecycle, topology, process sets and "
+            "collectives on raw buffers (see tfring.core)";
+  DefineLifecycle(m);
+  m.def("gpu_built", &GpuBuilt);
+
+  py::class_<PendingCall, std::shared_ptr<PendingCall>>(m, "PendingCall")
+      .def("done", &PendingCall::Done, py::call_guard<py::gil_scoped_release>())
+      .def("wait", &PendingCall::Wait, py::arg("timeout_s") = -1.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("status",
+           [](PendingCall& r) {
+             Status s = r.status();
+             return py::make_tuple(static_cast<int>(s.code()), s.message());
+           })
+      .def("int_result", &PendingCall::int_result)
+      .def("received_splits", &PendingCall::received_splits);
+
+  py::class_<ReadyEvent>(m, "ReadyEvent");
+  m.def(
+      "ready_event",
+      [](int32_t device, uintptr_t stream) {
+        ReadyEvent ev;
+        Status s;
+        {
+          py::gil_scoped_release release;
+          s = RecordReadyEvent(device, reinterpret_cast<void*>(stream), &ev.event);
+        }
+        py::object event = s.ok() ? py::cast(ev) : py::none();
+        return py::make_tuple(static_cast<int>(s.code()), s.message(), event);
+      },
+      py::arg("device"), py::arg("stream") = 0,
+      "(code, message, event): an event recorded now on `stream` (a cudaStream_t as an "
+      "integer; 0: the legacy default stream) of GPU `device`, for enqueue(ready_event=...). "
+      "A build without GPU support returns INVALID_ARGUMENT.");
+
+  py::class_<TensorSpec>(m, "TensorSpec")
+      .def(py::init([](uintptr_t input, uintptr_t output, TensorShape shape, int32_t dtype) {
+             return TensorSpec{input, output, std::move(shape), dtype};
+           }),
+           py::arg("input"), py::arg("output"), py::arg("shape"), py::arg("dtype"));
+
+  m.def(
+      "enqueue",
+      [](int32_t collective, const std::vector<TensorSpec>& tensors, const std::string& name,
+         int32_t process_set_id, bool grouped, int32_t reduce_op, double prescale,
+         double postscale, int32_t root_rank, std::vector<int64_t> splits, int32_t device,
+         uintptr_t stream, const ReadyEvent* ready, py::object allocator,
+         py::object keep_alive) {
+        CallSpec call;
+        call.collective = collective;
+        call.name = name;
+        call.process_set_id = process_set_id;
+        call.grouped = grouped;
+        call.reduce_op = reduce_op;
+        call.prescale = prescale;
+        call.postscale = postscale;
+        call.root_rank = root_rank;
+        call.splits = std::move(splits);
+        call.device = device;
+        call.stream = stream;
+        return Submit(call, tensors, ready ? ready->event : nullptr, allocator, keep_alive);
+      },
+      py::arg("collective"), py::arg("tensors"), py::arg("name"),
+      py::arg("process_set_id") = kGlobalProcessSetId, py::arg("grouped") = false,
+      py::arg("reduce_op") = static_cast<int32_t>(ReduceOp::SUM), py::arg("prescale") = 1.0,
+      py::arg("postscale") = 1.0, py::arg("root_rank") = 0,
+      py::arg("splits") = std::vector<int64_t>(), py::arg("device") = kCpuDevice,
+      py::arg("stream") = 0, py::arg("ready_event") = nullptr, py::arg("allocator") = py::none(),
+      py::arg("keep_alive") = py::none(),
+      "Submits one collective over `tensors` (TensorSpec: data pointers, shape, core dtype "
+      "code); returns a PendingCall. A GPU call waits for `ready_event` (recorded on `stream` "
+      "here when None) before it is negotiated. Outputs of unknown size come from allocator(index, shape) -> "
+      "data pointer, called on a core thread with the GIL held. `keep_alive` is held until the "
+      "request finishes.");
+  m.def(
+      "barrier",
+      [](int32_t process_set_id, const std::string& name) {
+        return SubmitControl(CollectiveType::BARRIER, process_set_id, name);
+      },
+      py::arg("process_set_id") = kGlobalProcessSetId, py::arg("name") = "barrier");
+  m.def(
+      "join",
+      [](int32_t process_set_id) {
+        return SubmitControl(CollectiveType::JOIN, process_set_id, "");
+      },
+      py::arg("process_set_id") = kGlobalProcessSetId);
+}

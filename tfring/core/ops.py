@@ -1,0 +1,380 @@
+"""The collectives of tfring.core: each submits raw buffers to the core
+(``_tfring_core.enqueue``) and gives back arrays of the caller's kind.
+
+Every ``*_async`` function returns a :class:`Handle`; the blocking function
+of the same name is ``*_async(...).wait()``. The collective's arguments are
+checked by the core (on this rank, then across ranks during negotiation),
+not here: this layer only describes arrays and makes outputs.
+"""
+import itertools
+import threading
+
+import numpy as np
+
+from tfring.core import arrays, errors
+from tfring.core.lifecycle import _require_init
+
+# Reduce ops, numbered as the core (and Horovod) number them.
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+# Collective codes (tf_ops/common/common.h, CollectiveType).
+_ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER = 0, 1, 2, 3, 4
+
+_names_lock = threading.Lock()
+_counters = {}
+
+
+def _auto_name(kind):
+    """"<kind>.noname.<n>": the same on every rank that makes the same calls
+    in the same order (names are how ranks match their collectives)."""
+    with _names_lock:
+        counter = _counters.setdefault(kind, itertools.count())
+        return f"{kind}.noname.{next(counter)}"
+
+
+def _process_set_id(process_set):
+    if process_set is None:
+        return 0
+    if isinstance(process_set, (int, np.integer)):
+        return int(process_set)
+    ps_id = getattr(process_set, "process_set_id", None)
+    if ps_id is None:
+        raise ValueError(f"{process_set!r} is not a registered process set (no process_set_id)")
+    return int(ps_id)
+
+
+class Handle:
+    """A submitted collective: poll it, or wait for its result.
+
+    Example:
+        >>> h = hvd.allreduce_async(x, op=hvd.Sum)
+        >>> while not h.poll():
+        ...     pass  # other work
+        >>> total = h.wait()
+    """
+
+    def __init__(self, call, result):
+        self._call = call
+        self._result = result
+        self._value = None
+        self._taken = False
+
+    def poll(self):
+        """True once the collective has finished (successfully or not)."""
+        return self._call.done()
+
+    def wait(self, timeout=None):
+        """Waits for the collective and returns its result.
+
+        Args:
+            timeout: seconds to wait at most (None: until it finishes; a
+                collective whose peers never come is ended by the core's
+                stall and peer checks, not by this).
+
+        Returns:
+            What the blocking function of the same name returns.
+
+        Raises:
+            TimeoutError: ``timeout`` passed first (the collective goes on).
+            tfring.core.CoreError: the collective failed (see
+                tfring.core.errors for the subclasses).
+        """
+        # Short slices, so that Ctrl-C reaches the waiting thread.
+        remaining = timeout
+        while not self._call.wait(0.2 if remaining is None else min(0.2, remaining)):
+            if remaining is not None:
+                remaining -= 0.2
+                if remaining <= 0:
+                    raise TimeoutError(f"tfring: the collective did not finish in {timeout} s")
+        if not self._taken:
+            code, message = self._call.status()
+            errors.raise_for_status(code, message)
+            self._value = self._result(self._call)
+            self._taken = True
+        return self._value
+
+
+def synchronize(handle):
+    """``handle.wait()``, under Horovod's torch name.
+
+    Example:
+        >>> out = hvd.synchronize(hvd.allreduce_async(x))
+    """
+    return handle.wait()
+
+
+def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1.0,
+            postscale=1.0, root_rank=0, splits=None):
+    """Enqueues ``xs`` (one call); returns (PendingCall, adapted inputs,
+    outputs made now, outputs made on negotiation)."""
+    core = _require_init()
+    adapted = [arrays.adapt(x) for x in xs]
+    devices = {a.device for a in adapted}
+    if len(devices) > 1:
+        raise errors.InvalidArgumentError(
+            f"tfring: the tensors of one call must be on one device, not on {sorted(devices)}",
+            errors.INVALID_ARGUMENT)
+    device = adapted[0].device if adapted else arrays.CPU
+    ready = None
+    if device != arrays.CPU:
+        code, message, ready = core.ready_event(device, adapted[0].stream)
+        errors.raise_for_status(code, message)
+    fixed = [a.new(a.shape) if collective in (_ALLREDUCE, _BROADCAST) else None
+             for a in adapted]
+    fixed_adapted = [arrays.adapt(o) if o is not None else None for o in fixed]
+    late = [None] * len(adapted)
+
+    def allocate(index, shape):
+        out = arrays.adapt(adapted[index].new(tuple(shape)))
+        late[index] = out
+        return out.ptr
+
+    specs = [core.TensorSpec(a.ptr, o.ptr if o is not None else 0, list(a.shape), a.code)
+             for a, o in zip(adapted, fixed_adapted)]
+    call = core.enqueue(
+        collective, specs, name, process_set_id=_process_set_id(process_set), grouped=grouped,
+        reduce_op=int(op), prescale=float(prescale), postscale=float(postscale),
+        root_rank=int(root_rank), splits=[int(s) for s in (splits or [])], device=device,
+        stream=adapted[0].stream if adapted else 0, ready_event=ready,
+        allocator=None if collective in (_ALLREDUCE, _BROADCAST) else allocate,
+        keep_alive=(adapted, fixed_adapted, late))
+    return call, adapted, fixed_adapted, late
+
+
+def _outputs(adapted, made):
+    return [a.wrap(m.array) for a, m in zip(adapted, made)]
+
+
+def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=None):
+    """Starts an allreduce; see :func:`allreduce`. Returns a :class:`Handle`."""
+    call, adapted, fixed, _ = _submit(_ALLREDUCE, [tensor], name or _auto_name("allreduce"),
+                                      process_set, op=op, prescale=prescale_factor,
+                                      postscale=postscale_factor)
+    return Handle(call, lambda c: _outputs(adapted, fixed)[0])
+
+
+def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+              process_set=None):
+    """Reduces ``tensor`` over every rank of the process set.
+
+    Args:
+        tensor: an array (numpy, torch, CuPy or any ``__cuda_array_interface__``
+            or DLPack object) of the same shape and dtype on every rank.
+        op: Average (default), Sum, Min, Max, Product or Adasum.
+        name: the collective's name, the same on every rank (default: one
+            numbered in call order).
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: a registered process set (object with
+            ``process_set_id``) or its id; default: every rank.
+
+    Returns:
+        A new array of the caller's kind, dtype and device with the result.
+
+    Raises:
+        TypeError: a dtype the core does not have.
+        InvalidArgumentError: bad input found on this rank (a ValueError).
+        PreconditionError: the ranks disagree (shape, dtype, op, ...).
+        NotInitializedError: before init() (a ValueError).
+        AbortedError: a rank failed or shut down (a HorovodInternalError).
+
+    Example:
+        >>> import numpy as np, tfring.core as hvd
+        >>> hvd.init()
+        >>> hvd.allreduce(np.ones(3, np.float32), op=hvd.Sum)  # == size() everywhere
+    """
+    return allreduce_async(tensor, op, name, prescale_factor, postscale_factor,
+                           process_set).wait()
+
+
+def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None):
+    """Starts a grouped allreduce; see :func:`grouped_allreduce`."""
+    tensors = list(tensors)
+    call, adapted, fixed, _ = _submit(_ALLREDUCE, tensors,
+                                      name or _auto_name("grouped_allreduce"), process_set,
+                                      grouped=True, op=op, prescale=prescale_factor,
+                                      postscale=postscale_factor)
+    return Handle(call, lambda c: _outputs(adapted, fixed))
+
+
+def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None):
+    """Allreduces a list of arrays as one group: the core runs them together
+    (fused) once every rank has submitted all of them.
+
+    Args:
+        tensors: a list of arrays, all on one device; the same list (shapes
+            and dtypes) on every rank.
+        op, name, prescale_factor, postscale_factor, process_set: as
+            :func:`allreduce`.
+
+    Returns:
+        A list of new arrays, one per input, in order.
+
+    Raises:
+        The errors of :func:`allreduce`.
+
+    Example:
+        >>> a, b = hvd.grouped_allreduce([np.ones(2), np.zeros(3)], op=hvd.Sum)
+    """
+    return grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
+                                   process_set).wait()
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    """Starts an allgather; see :func:`allgather`."""
+    call, adapted, _, late = _submit(_ALLGATHER, [tensor], name or _auto_name("allgather"),
+                                     process_set)
+    return Handle(call, lambda c: _outputs(adapted, late)[0])
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Concatenates every rank's ``tensor`` along the first dimension, in
+    rank order. The first dimension may differ between ranks; the others
+    and the dtype may not.
+
+    Args:
+        tensor: an array with at least one dimension.
+        name, process_set: as :func:`allreduce`.
+
+    Returns:
+        A new array of the caller's kind: the ranks' arrays stacked.
+
+    Raises:
+        The errors of :func:`allreduce`.
+
+    Example:
+        >>> hvd.allgather(np.full((hvd.rank() + 1, 2), hvd.rank()))  # 1 + 2 + ... rows
+    """
+    return allgather_async(tensor, name, process_set).wait()
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Starts a broadcast; see :func:`broadcast`."""
+    call, adapted, fixed, _ = _submit(_BROADCAST, [tensor], name or _auto_name("broadcast"),
+                                      process_set, root_rank=root_rank)
+    return Handle(call, lambda c: _outputs(adapted, fixed)[0])
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """Every rank gets rank ``root_rank``'s ``tensor``.
+
+    Args:
+        tensor: an array of the same shape and dtype on every rank.
+        root_rank: the job-wide rank whose value is sent.
+        name, process_set: as :func:`allreduce`.
+
+    Returns:
+        A new array of the caller's kind holding the root's value.
+
+    Raises:
+        PreconditionError: ranks disagree on the root, or it is not a rank
+            of the set; and the errors of :func:`allreduce`.
+
+    Example:
+        >>> weights = hvd.broadcast(weights, root_rank=0)
+    """
+    return broadcast_async(tensor, root_rank, name, process_set).wait()
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """Starts an alltoall; see :func:`alltoall`."""
+    call, adapted, _, late = _submit(_ALLTOALL, [tensor], name or _auto_name("alltoall"),
+                                     process_set, splits=splits)
+
+    def result(c):
+        out = _outputs(adapted, late)[0]
+        if splits is None:
+            return out
+        return out, np.asarray(c.received_splits()[0], np.int32)
+    return Handle(call, result)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Sends rows of ``tensor`` to every rank and receives theirs: the first
+    ``splits[0]`` rows go to rank 0, the next ``splits[1]`` to rank 1, ...
+
+    Args:
+        tensor: an array with at least one dimension.
+        splits: rows for each rank (one integer per rank, summing to the
+            first dimension); None splits the first dimension evenly.
+        name, process_set: as :func:`allreduce`.
+
+    Returns:
+        Without ``splits``: the received array (the ranks' rows in rank
+        order). With ``splits``: (received array, received_splits), the
+        latter a numpy int32 array of the rows received from each rank.
+
+    Raises:
+        InvalidArgumentError: splits of the wrong length, negative, or not
+            summing to the first dimension; a first dimension not divisible
+            by the number of ranks without splits. And the errors of
+            :func:`allreduce`.
+
+    Example:
+        >>> out, received = hvd.alltoall(np.arange(4), splits=[1, 3])  # at np=2
+    """
+    return alltoall_async(tensor, splits, name, process_set).wait()
+
+
+def reducescatter_async(tensor, op=Average, name=None, process_set=None,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts a reducescatter; see :func:`reducescatter`."""
+    call, adapted, _, late = _submit(_REDUCESCATTER, [tensor],
+                                     name or _auto_name("reducescatter"), process_set, op=op,
+                                     prescale=prescale_factor, postscale=postscale_factor)
+    return Handle(call, lambda c: _outputs(adapted, late)[0])
+
+
+def reducescatter(tensor, op=Average, name=None, process_set=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduces ``tensor`` over the ranks and gives each rank its slice of
+    the first dimension (rank r gets rows [r*n/size, (r+1)*n/size), the
+    first ranks one more row when it does not divide evenly).
+
+    Args:
+        tensor: an array with at least one dimension, the same shape on
+            every rank.
+        op: Average (default) or Sum (Min, Max and Product too).
+        name, process_set, prescale_factor, postscale_factor: as
+            :func:`allreduce`.
+
+    Returns:
+        A new array of the caller's kind: this rank's slice of the result.
+
+    Raises:
+        The errors of :func:`allreduce`.
+
+    Example:
+        >>> part = hvd.reducescatter(np.ones((hvd.size() * 2, 3)), op=hvd.Sum)
+    """
+    return reducescatter_async(tensor, op, name, process_set, prescale_factor,
+                               postscale_factor).wait()
+
+
+def barrier(process_set=None):
+    """Blocks until every rank of the set has called barrier().
+
+    Raises:
+        The errors of :func:`allreduce`.
+
+    Example:
+        >>> hvd.barrier()
+    """
+    Handle(_require_init().barrier(_process_set_id(process_set), _auto_name("barrier")),
+           lambda c: None).wait()
+
+
+def join(process_set=None):
+    """Tells the other ranks this one has no more allreduces (they count it
+    as zeros) and waits until every rank has joined.
+
+    Returns:
+        The rank that joined last.
+
+    Example:
+        >>> last = hvd.join()
+    """
+    return Handle(_require_init().join(_process_set_id(process_set)),
+                  lambda c: c.int_result()).wait()
