@@ -16,10 +16,14 @@ Headers and libraries come from NVIDIA's pip wheels (``nvidia-nccl-cu12``,
 places. libnccl is linked as ``-l:libnccl.so.2`` because the wheel ships no
 ``libnccl.so`` link.
 
-nvcc compiles the one CUDA file (``tf_ops/common/ops/cuda/gpu_kernels.cu``)
-into an object that joins the link. The ``nvidia-cuda-nvcc-cu12`` wheels
-seen here (12.9) hold ptxas and the NVVM library but no ``nvcc`` driver, so
-nvcc is looked for there, then in ``$CUDA_HOME/bin``, then on ``PATH``
+The few element-wise kernels (scaling, Average's division) are compiled
+either by nvcc (``tf_ops/common/ops/cuda/gpu_kernels.cu``, into an object that
+joins the link) or by NVRTC when first used (``ops/cuda/nvrtc_kernels.cc``),
+which needs no nvcc at build time: see :func:`kernel_compiler`. The
+``nvidia-cuda-nvcc-cu12`` wheels (12.9) hold ptxas and the NVVM library but no
+``nvcc`` driver, so a build from CUDA 12 wheels takes NVRTC
+(``nvidia-cuda-nvrtc-cu12``, which ``tensorflow[and-cuda]`` brings). nvcc is
+looked for in the wheels, then in ``$CUDA_HOME/bin``, then on ``PATH``
 (``TFRING_NVCC`` names one explicitly).
 
 Nothing here imports TensorFlow at import time.
@@ -188,6 +192,39 @@ def nvcc_command(nvcc, source, output, include_dirs, cxx_flags=()):
             *abi, *_gencode_flags(), *[f"-I{d}" for d in include_dirs], "-c", source, "-o", output]
 
 
+def kernel_compiler(runtime):
+    """How the GPU build's few element-wise kernels are compiled: ("nvcc",
+    nvcc's path, None), ("nvrtc", None, None) (by NVRTC when first used, in
+    ops/cuda/nvrtc_kernels.cc), or (choice, None, why not) when the choice
+    cannot be made.
+
+    ``TFRING_GPU_KERNELS`` picks: ``nvcc``, ``nvrtc``, or unset/``auto``:
+    nvcc when one of the CUDA runtime's major version is found, else NVRTC
+    (so a build from NVIDIA's CUDA 12 pip wheels, which have no nvcc, needs
+    g++ alone).
+    """
+    choice = os.environ.get("TFRING_GPU_KERNELS", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "nvcc", "nvrtc"):
+        return choice, None, (f"TFRING_GPU_KERNELS={choice!r} is not nvcc, nvrtc or auto")
+    if choice == "nvrtc":
+        return "nvrtc", None, None
+    nvcc = find_nvcc()
+    rt = _cudart_major(runtime[2]) if runtime else None
+    compiler = nvcc_major(nvcc) if nvcc else None
+    if nvcc and (runtime is None or compiler == rt):
+        return "nvcc", nvcc, None
+    if choice == "auto":
+        return "nvrtc", None, None
+    if nvcc is None:
+        return "nvcc", None, None  # _missing says what to install
+    # Objects from one nvcc and a CUDA runtime of another major version do
+    # not link (or fail when loaded).
+    return "nvcc", nvcc, (f"nvcc ({nvcc}) is CUDA {compiler} while the CUDA runtime found is "
+                          f"{runtime[2]} in {runtime[1]}: use an nvcc of CUDA {rt} "
+                          "(TFRING_NVCC=/path/to/nvcc), that runtime's wheels, or "
+                          "TFRING_GPU_KERNELS=nvrtc")
+
+
 def _missing(nccl, runtime, nvcc, tf_cuda):
     parts = []
     if not tf_cuda:
@@ -199,7 +236,7 @@ def _missing(nccl, runtime, nvcc, tf_cuda):
         parts.append("the CUDA runtime headers were not found (pip install "
                      "nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12 nvidia-cuda-cccl-cu12, or "
                      "set CUDA_HOME)")
-    if nvcc is None:
+    if nvcc is None:  # "" when NVRTC compiles the kernels
         parts.append("nvcc was not found (a CUDA toolkit's nvcc on PATH, $CUDA_HOME/bin/nvcc, or "
                      "TFRING_NVCC)")
     return parts
@@ -247,17 +284,12 @@ def cuda_build_options(cxx_flags=(), root=None, build_dir=None, log=print,
     required = forced != ""
     if not required and wanted_by_default is None:
         return None
-    nccl, runtime, nvcc = find_nccl(), find_cuda_runtime(), find_nvcc()
+    nccl, runtime = find_nccl(), find_cuda_runtime()
     tf_cuda = True if required else wanted_by_default()
-    missing = _missing(nccl, runtime, nvcc, tf_cuda)
-    if not missing:
-        # Objects from one nvcc and a CUDA runtime of another major version
-        # do not link (or fail when loaded).
-        compiler, rt = nvcc_major(nvcc), _cudart_major(runtime[2])
-        if compiler != rt:
-            missing.append(f"nvcc ({nvcc}) is CUDA {compiler} while the CUDA runtime found is "
-                           f"{runtime[2]} in {runtime[1]}: use an nvcc of CUDA {rt} "
-                           "(TFRING_NVCC=/path/to/nvcc) or that runtime's wheels")
+    kernels, nvcc, why = kernel_compiler(runtime)
+    missing = _missing(nccl, runtime, nvcc if kernels == "nvcc" else "", tf_cuda)
+    if why:
+        missing.append(why)
     if missing:
         if required:
             raise CudaBuildError("TFRING_WITH_NCCL=1, but " + "; ".join(missing) + ".")
@@ -272,7 +304,7 @@ def cuda_build_options(cxx_flags=(), root=None, build_dir=None, log=print,
     cuda_incs, cudart_dir, cudart = runtime
     includes = [nccl_inc] + cuda_incs
     objects = []
-    for src in GPU_CUDA_SOURCES:
+    for src in GPU_CUDA_SOURCES if kernels == "nvcc" else []:
         obj = os.path.join(build_dir, os.path.basename(src) + ".o")
         # nvcc brings its own CUDA headers; the .cu file needs no others.
         cmd = nvcc_command(nvcc, os.path.join(root, src), obj, [], cxx_flags)
@@ -286,15 +318,20 @@ def cuda_build_options(cxx_flags=(), root=None, build_dir=None, log=print,
     # ones for in-place builds.
     rel = ["-Wl,-rpath,$ORIGIN/../nvidia/nccl/lib",
            "-Wl,-rpath,$ORIGIN/../nvidia/cuda_runtime/lib"]
+    log(f"GPU build; its kernels are compiled by {kernels}"
+        + (" when first used (no nvcc needed)" if kernels == "nvrtc" else ""))
+    macros = [("TFRING_WITH_NCCL", "1")]
+    if kernels == "nvrtc":
+        macros.append(("TFRING_NVRTC_KERNELS", "1"))
     return {
         "sources": [],
         "include_dirs": includes,
         "library_dirs": [nccl_lib, cudart_dir],
         "libraries": [],
-        "define_macros": [("TFRING_WITH_NCCL", "1")],
+        "define_macros": macros,
         "extra_compile_args": [],
         "extra_link_args": objects + [f"-L{nccl_lib}", f"-L{cudart_dir}", "-l:libnccl.so.2",
-                                      f"-l:{cudart}"] + rel + [
+                                      f"-l:{cudart}", "-ldl"] + rel + [
             f"-Wl,-rpath,{nccl_lib}", f"-Wl,-rpath,{cudart_dir}"],
     }
 
