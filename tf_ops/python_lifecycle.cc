@@ -7,6 +7,7 @@
 
 #include <pybind11/stl.h>
 
+#include "common/gpu_support.h"
 #include "common/operations.h"
 #include "common/transport/entry_points.h"
 
@@ -126,6 +127,9 @@ void DefineLifecycle(py::module_& m) {
     d["inline"] = p.speculation.inline_responses;
     return d;
   });
+  // Copies host staging has made between a GPU and host memory since load
+  // (0 while every GPU tensor stays on its GPU).
+  m.def("host_staging_copies", &HostStagingCopies);
 #ifdef TFRING_WITH_NCCL
   m.attr("nccl_built") = true;
 #else

@@ -17,9 +17,9 @@ Example:
 from tfring.common.exceptions import HorovodInternalError  # noqa: F401
 from tfring.core.errors import (AbortedError, CoreError, InvalidArgumentError,  # noqa: F401
                                 NotInitializedError, PreconditionError, UnknownError)
-from tfring.core.lifecycle import (cross_rank, cross_size, gpu_built, init,  # noqa: F401
-                                   is_initialized, local_rank, local_size, mpi_built, nccl_built,
-                                   rank, shutdown, size)
+from tfring.core.lifecycle import (cross_rank, cross_size, gpu_built,  # noqa: F401
+                                   host_staging_copies, init, is_initialized, local_rank,
+                                   local_size, mpi_built, nccl_built, rank, shutdown, size)
 from tfring.core.ops import (Adasum, Average, Handle, Max, Min, Product, Sum,  # noqa: F401
                              allgather, allgather_async, allreduce, allreduce_async, alltoall,
                              alltoall_async, barrier, broadcast, broadcast_async,

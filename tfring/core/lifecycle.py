@@ -125,6 +125,22 @@ def nccl_built():
     return bool(_core().nccl_built)
 
 
+def host_staging_copies():
+    """How many copies host staging has made between a GPU and host memory in
+    this process so far: 0 while every GPU collective ran on its GPU (NCCL).
+
+    Returns:
+        int: the count (0 in a CPU build).
+
+    Example:
+        >>> before = hvd.host_staging_copies()
+        >>> y = hvd.allreduce(cupy_array)
+        >>> hvd.host_staging_copies() == before   # NCCL: nothing left the GPU
+        True
+    """
+    return int(_core().host_staging_copies())
+
+
 def gpu_built():
     """Whether GPU support is installed in the loaded core module: GPU arrays
     are accepted only then."""
