@@ -1,9 +1,18 @@
-"""NCCL data plane allreduce against raw NCCL, on the GPU machine, at np=1.
+"""GPU allreduce against raw NCCL and against plain copies, on the GPU machine.
 
-Builds tf_ops/common/tests/gpu/nccl_gpu_bench.cc with nvcc (against the
-libnccl.so.2 that tfring.build.cuda finds), runs it, and writes the results
-as JSON and as a Markdown table. Both sides run in the same process, on the
-same stream, over the same libnccl.so.2, in alternating rounds.
+Three parts, each compared with its baseline in the same run:
+
+1. The GPU executor's pipeline and the NCCL plane (what the core runs for a
+   negotiated GPU allreduce) against raw NCCL, at np=1: builds
+   tf_ops/common/tests/gpu/nccl_gpu_bench.cc with nvcc (against the
+   libnccl.so.2 that tfring.build.cuda finds); both sides run in the same
+   process over the same libnccl.so.2, in alternating rounds.
+2. The whole core path (``tfring.core`` with CuPy arrays: enqueue,
+   negotiation, executor, NCCL) at np=1, latency and pipelined mode, against
+   part 1's raw NCCL figures (benchmarks/gpu_core_worker.py under tfringrun).
+3. Host staging at np=2 on the one GPU, against its parts done by hand: a
+   device-to-host copy, the CPU planes on host memory, a host-to-device copy.
+   (Needs a GPU build of tfring.core and CuPy; ``--no-core`` skips 2 and 3.)
 
 At np=1 NCCL's bus-bandwidth factor 2(n-1)/n is 0, so the table gives time
 and algorithm bandwidth (bytes / time); the target is the plane at >= 90% of
@@ -11,6 +20,7 @@ raw NCCL at every size >= 1 MB.
 
 Usage (from the repository root, on a machine with a GPU, nvcc and NCCL):
     python benchmarks/gpu.py --out DIR [--min-mb 1] [--max-mb 256] [--iters 100] [--rounds 5]
+                             [--no-core]
 """
 import argparse
 import json
@@ -43,6 +53,52 @@ def build(out_dir):
     return binary, cmd
 
 
+def core_part(what, np_, lo, hi, iters, rounds, out_dir):
+    """Runs benchmarks/gpu_core_worker.py on `np_` ranks; its BENCH rows."""
+    cmd = [sys.executable, "-m", "tfring.runner.launch", "-np", str(np_), "--tcp", "--timeout",
+           "400", sys.executable, os.path.join(ROOT, "benchmarks", "gpu_core_worker.py"), what,
+           str(lo), str(hi), str(iters), str(rounds)]
+    print("$ " + " ".join(cmd), flush=True)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=460, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    with open(os.path.join(out_dir, f"gpu_core_{what}.log"), "w") as f:
+        f.write(run.stdout + run.stderr)
+    if run.returncode != 0:
+        print(f"core part {what} failed ({run.returncode}):\n{run.stdout[-5000:]}{run.stderr[-5000:]}")
+        return []
+    rows = []
+    for line in run.stdout.splitlines():
+        _, _, text = line.partition("BENCH ")
+        if text:
+            rows.append(json.loads(text))
+    return rows
+
+
+def core_table(core_rows, raw_rows):
+    raw = {(r["bytes"], r["mode"]): r for r in raw_rows if r["op"] == "sum"}
+    lines = ["Whole core path (tfring.core, CuPy, np=1) vs raw NCCL (part 1), float32 sum", "",
+             "| size | mode | raw NCCL | core | core algbw | core / raw |", "|---|---|---|---|---|---|"]
+    for r in core_rows:
+        base = raw.get((r["bytes"], r["mode"]))
+        if base is None:
+            continue
+        r["ratio"] = base["raw_us"] / r["us"]
+        lines.append(f"| {r['bytes'] / (1 << 20):g} MB | {r['mode']} | {base['raw_us']:.1f} us | "
+                     f"{r['us']:.1f} us | {r['algbw_gbs']:.0f} GB/s | {100 * r['ratio']:.1f}% |")
+    return "\n".join(lines)
+
+
+def staged_table(rows):
+    lines = ["Host staging (np=2 on one GPU) vs its parts done by hand, float32 sum", "",
+             "| size | staged allreduce | D2H copy | CPU planes | H2D copy | sum of parts | "
+             "staged / parts |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['bytes'] / (1 << 20):g} MB | {r['staged_us']:.0f} us | "
+                     f"{r['d2h_us']:.0f} us | {r['cpu_plane_us']:.0f} us | {r['h2d_us']:.0f} us | "
+                     f"{r['parts_us']:.0f} us | {r['staged_over_parts']:.2f}x |")
+    return "\n".join(lines)
+
+
 def table(rows, header):
     lines = [header, "",
              "| size | op | mode | raw NCCL | raw + event | plane | plane algbw | plane / raw | "
@@ -66,6 +122,7 @@ def main(argv=None):
     p.add_argument("--max-mb", type=int, default=256)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--no-core", action="store_true", help="only part 1 (no tfring.core needed)")
     args = p.parse_args(argv)
     if shutil.which("nvidia-smi") is None:
         sys.exit("benchmarks/gpu.py needs an NVIDIA GPU (nvidia-smi not found)")
@@ -82,12 +139,23 @@ def main(argv=None):
     meta, rows = records[0], records[1:]
     meta.update(gpu=_smi("name"), driver=_smi("driver_version"), build_command=build_cmd,
                 run_command=run_cmd, seconds=round(time.time() - start, 1))
+    core_rows, staged_rows = [], []
+    if not args.no_core:
+        core_rows = core_part("nccl", 1, args.min_mb, args.max_mb, args.iters, args.rounds,
+                              args.out)
+        staged_rows = core_part("staged", 2, args.min_mb, min(args.max_mb, 64), 1, args.rounds,
+                                args.out)
     with open(os.path.join(args.out, "gpu_allreduce.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    header = (f"NCCL plane vs raw NCCL allreduce, float32, np=1, {meta['device']} "
+        json.dump({"meta": meta, "rows": rows, "core": core_rows, "staged": staged_rows}, f,
+                  indent=1)
+    header = (f"Executor + NCCL plane vs raw NCCL allreduce, float32, np=1, {meta['device']} "
               f"(driver {meta['driver']}), NCCL {meta['nccl_version']}, "
               f"{meta['iters']} iterations x {meta['rounds']} rounds, median round")
     text = table(rows, header)
+    if core_rows:
+        text += "\n\n" + core_table(core_rows, rows)
+    if staged_rows:
+        text += "\n\n" + staged_table(staged_rows)
     with open(os.path.join(args.out, "gpu_allreduce.md"), "w") as f:
         f.write(text + "\n")
     print(text)
@@ -97,6 +165,11 @@ def main(argv=None):
             if ratios:
                 print(f"worst plane / {what}, {mode}, >= 1 MB: {100 * min(ratios):.1f}% "
                       "(target >= 90%)")
+    for mode in ("pipelined", "latency"):
+        ratios = [r["ratio"] for r in core_rows if r.get("ratio") and r["mode"] == mode]
+        if ratios:
+            print(f"worst whole core / raw NCCL, {mode}, >= 1 MB: {100 * min(ratios):.1f}% "
+                  "(target >= 90%)")
 
 
 if __name__ == "__main__":

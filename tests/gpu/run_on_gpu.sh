@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 22 in one command, for a machine with an NVIDIA GPU,
+# nvcc, NCCL, CuPy and pytest, and no network (TensorFlow not needed):
+#
+#   bash tests/gpu/run_on_gpu.sh OUTDIR
+#
+# Builds the GPU variant of tfring.core (TFRING_WITH_NCCL=1), then runs, each
+# step with its own time limit and log in OUTDIR:
+#   cpp_harness  the GPU executor and NCCL plane in C++ at np=1
+#                (tests/common/test_nccl_gpu.py)
+#   core_gpu     tfring.core with CuPy: NCCL at np=1, host staging at np=2/3,
+#                a killed rank, a training loop (tests/gpu/test_core_gpu.py)
+#   bench        benchmarks/gpu.py (raw NCCL, the whole core path, staging)
+# and writes OUTDIR/results.json (every step's exit code and time, the
+# tests' outcomes, the benchmark rows). STEPS="build cpp_harness" runs some.
+# Exits non-zero when a step failed. Made to finish in under 8 minutes.
+set -uo pipefail
+OUT=${1:?usage: bash tests/gpu/run_on_gpu.sh OUTDIR}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+STEPS=${STEPS:-build cpp_harness core_gpu bench}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+[ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi > "$OUT/device.txt" 2>&1
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
+  [ -n "$cap" ] && export TFRING_CUDA_ARCHS=${TFRING_CUDA_ARCHS:-$cap}
+fi
+export TFRING_WITH_NCCL=${TFRING_WITH_NCCL:-1}
+export TFRING_BUILD_JOBS=${TFRING_BUILD_JOBS:-$(nproc)}
+failed=0
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2 start rc
+  shift 2
+  case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
+  echo "== $name: $*"
+  start=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $(( $(date +%s) - start )), \"limit\": $limit}" >> "$OUT/steps.jsonl"
+  tail -n 25 "$OUT/$name.log"
+  echo "== $name: exit $rc after $(( $(date +%s) - start )) s"
+  [ "$rc" = 0 ] || failed=1
+}
+
+rm -f "$OUT/steps.jsonl"
+step build 240 $PY -m tfring.build core
+step cpp_harness 150 $PY -m pytest -m gpu tests/common/test_nccl_gpu.py -v -s -p no:cacheprovider
+step core_gpu 240 $PY -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider \
+  --junitxml="$OUT/core_gpu.xml"
+step bench 150 $PY benchmarks/gpu.py --out "$OUT/bench" --iters 20 --rounds 3
+
+$PY - "$OUT" <<'PYEOF' > "$OUT/results.json"
+import json, os, sys
+import xml.etree.ElementTree as ET
+out = sys.argv[1]
+res = {"steps": [json.loads(l) for l in open(os.path.join(out, "steps.jsonl"))]}
+if os.path.exists(os.path.join(out, "device.txt")):
+    res["device"] = open(os.path.join(out, "device.txt")).read()
+xml = os.path.join(out, "core_gpu.xml")
+if os.path.exists(xml):
+    tests = []
+    for case in ET.parse(xml).iter("testcase"):
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if case.find(tag) is not None:
+                outcome = tag
+        tests.append({"test": case.get("name"), "outcome": outcome,
+                      "seconds": float(case.get("time", 0))})
+    res["core_gpu_tests"] = tests
+bench = os.path.join(out, "bench", "gpu_allreduce.json")
+if os.path.exists(bench):
+    res["bench"] = json.load(open(bench))
+print(json.dumps(res, indent=1))
+PYEOF
+echo "results: $OUT/results.json"
+exit $failed
