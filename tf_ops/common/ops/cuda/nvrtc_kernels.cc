@@ -99,7 +99,10 @@ std::vector<std::string> Candidates() {
     c.push_back(dir + "/../../cuda_nvrtc/lib/" + soname);
     c.push_back(dir + "/../../cu" + std::to_string(CUDART_VERSION / 1000) + "/lib/" + soname);
   }
-  if (const char* home = std::getenv("CUDA_HOME")) c.push_back(std::string(home) + "/lib64/" + soname);
+  for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
+    if (const char* home = std::getenv(var)) c.push_back(std::string(home) + "/lib64/" + soname);
+  }
+  c.push_back("/usr/local/cuda/lib64/" + soname);  // a toolkit's usual place
   c.push_back(soname);
   c.push_back("libnvrtc.so");
   return c;
