@@ -108,6 +108,19 @@ def _soname(lib):
     return m.group(1) if m else os.path.basename(lib)
 
 
+def _with_crt(includes):
+    """`includes` plus a directory with crt/host_config.h, which
+    cuda_runtime.h needs and the runtime wheels lack (the nvcc wheel or a
+    toolkit has it), when none of them has it yet."""
+    if any(os.path.exists(os.path.join(d, "crt", "host_config.h")) for d in includes):
+        return includes
+    home = _cuda_home() or "/usr/local/cuda"
+    extra = os.path.join(home, "include")
+    if os.path.exists(os.path.join(extra, "crt", "host_config.h")):
+        return includes + [extra]
+    return includes
+
+
 def find_cuda_runtime():
     """(include_dirs, lib_dir, cudart_soname) for cuda_runtime.h and
     libcudart.so.N, or None. The runtime wheel's headers need the nvcc
@@ -126,7 +139,7 @@ def find_cuda_runtime():
                     includes.append(inc)
             if os.path.isdir(os.path.join(runtime, "include", "cccl")):
                 includes.append(os.path.join(runtime, "include", "cccl"))
-            return includes, os.path.dirname(lib), _soname(lib)
+            return _with_crt(includes), os.path.dirname(lib), _soname(lib)
     home = _cuda_home()
     if home and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
         lib = _first([os.path.join(home, sub, "libcudart.so.[0-9]*")
