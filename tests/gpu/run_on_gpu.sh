@@ -35,6 +35,10 @@ export TFRING_GPU_KERNELS=${TFRING_GPU_KERNELS:-nvrtc}
 export TFRING_WITH_MPI=${TFRING_WITH_MPI:-0}
 export TFRING_REQUIRE_GPU=1  # the GPU tests fail rather than skip here
 [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ] && export CUDA_HOME=/usr/local/cuda
+# The distribution's compiler: the lent GPU machine's $CXX (/opt/gcc/bin/g++)
+# is a wrapper that mixes GCC's header trees, and a module it built crashed
+# inside libstdc++ (ostream << double) on the first collective.
+[ -z "${TFRING_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++
 {
   echo "python: $(command -v "$PY") ($($PY --version 2>&1))"
   $PY -c "import cupy, numpy, pybind11; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" 2>&1
