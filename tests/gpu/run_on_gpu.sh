@@ -39,6 +39,8 @@ export TFRING_REQUIRE_GPU=1  # the GPU tests fail rather than skip here
 # is a wrapper that mixes GCC's header trees, and a module it built crashed
 # inside libstdc++ (ostream << double) on the first collective.
 [ -z "${TFRING_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++
+# A cache of its own: the cache key does not include the compiler.
+export TFRING_CACHE_DIR=${TFRING_CACHE_DIR:-$PWD/build/gpu-cache}
 {
   echo "python: $(command -v "$PY") ($($PY --version 2>&1))"
   $PY -c "import cupy, numpy, pybind11; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" 2>&1
