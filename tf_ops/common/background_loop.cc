@@ -27,8 +27,12 @@ constexpr std::chrono::microseconds kInStepRound{500};
 // A submitting thread runs a speculated response itself only this soon
 // after the last one ran in step (DriveInline).
 constexpr std::chrono::microseconds kInlineGap{500};
-// How soon the loop looks again at collectives a device is running.
+// How soon the loop looks again at collectives a device is running, once it
+// has polled them back to back kInFlightSpins times: a GPU collective of a
+// few MB ends within tens of microseconds, and sleeping the full poll period
+// after each one cost as much as the collective itself.
 constexpr std::chrono::microseconds kInFlightPoll{100};
+constexpr int kInFlightSpins = 200;
 
 }  // namespace
 
@@ -300,6 +304,7 @@ void BackgroundLoop() {
         std::chrono::duration<double, std::milli>(st.cycle_time_ms.load()));
   };
   auto idle_wait = cycle_now();
+  int in_flight_spins = 0;
   auto last_stall_warning = Clock::now();
   Status why;
   bool broken = false;
@@ -350,8 +355,11 @@ void BackgroundLoop() {
     const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
     Clock::duration wait = cycle;
     if (HasInFlight()) {
-      // A device may finish any moment: look again soon, not at the next tick.
-      wait = std::min<Clock::duration>(cycle, kInFlightPoll);
+      // A device may finish any moment: look again at once for a while, then
+      // soon, but never only at the next tick.
+      wait = in_flight_spins < kInFlightSpins ? Clock::duration::zero()
+                                              : std::min<Clock::duration>(cycle, kInFlightPoll);
+      ++in_flight_spins;
       idle_wait = cycle;
     } else if (executed == 0 && !pending_after) {
       idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
@@ -359,6 +367,7 @@ void BackgroundLoop() {
     } else {
       idle_wait = cycle;
     }
+    if (!HasInFlight()) in_flight_spins = 0;
     std::unique_lock<std::mutex> lock(st.wake_mu);
     st.wake_cv.wait_for(lock, wait, [&] { return st.wake; });
     st.wake = false;
