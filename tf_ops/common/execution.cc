@@ -199,10 +199,10 @@ void PerformAllgather(ProcessSet& ps, const Response& r) {
   const auto start = Clock::now();
   // The plane runs even when staging failed: it is collective, and the other
   // ranks are in it already. This rank's result is then discarded.
-  Status ps_status = plane->Allgather(io.in, io.out, recv_bytes);
-  io.queued |= ps_status.in_progress();
+  Status p = plane->Allgather(io.in, io.out, recv_bytes);
+  io.queued |= p.in_progress();
   Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLGATHER), start);
-  if (!Failed(s)) s = ps_status;
+  if (!Failed(s)) s = p;
   if (!Failed(s)) s = io.StageOut(*executor, out, total);
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
