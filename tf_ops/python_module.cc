@@ -1,9 +1,12 @@
 // The Python face of the core (lifecycle, topology, process sets). It lives
 // in the same shared object as the TF ops so that both see one coordinator.
-// Functions return (code, message[, value]) and tfring/common/basics.py turns
-// a non-zero code into the matching tf.errors exception.
+// Functions return (code, message, cause, rank[, value...]) and
+// tfring/common/status.py turns a non-zero code into the matching tf.errors
+// exception, carrying the cause and the failing rank.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <utility>
 
 #include "common/operations.h"
 #include "common/transport/entry_points.h"
@@ -12,8 +15,10 @@ namespace py = pybind11;
 
 namespace {
 
-py::tuple StatusTuple(const tfring::Status& s) {
-  return py::make_tuple(static_cast<int>(s.code()), s.message());
+template <typename... Values>
+py::tuple StatusTuple(const tfring::Status& s, Values&&... values) {
+  return py::make_tuple(static_cast<int>(s.code()), s.message(), static_cast<int>(s.cause()),
+                        s.rank(), std::forward<Values>(values)...);
 }
 
 }  // namespace
@@ -68,7 +73,7 @@ PYBIND11_MODULE(_tfring_ops, m) {
       py::gil_scoped_release release;
       s = tfring::AddProcessSet(ranks, &id);
     }
-    return py::make_tuple(static_cast<int>(s.code()), s.message(), id);
+    return StatusTuple(s, id);
   });
   m.def("remove_process_set", [](int32_t id) {
     tfring::Status s;
@@ -82,7 +87,7 @@ PYBIND11_MODULE(_tfring_ops, m) {
     int rank = -1;
     std::vector<int> ranks;
     tfring::Status s = tfring::GetProcessSet(id, &rank, &ranks);
-    return py::make_tuple(static_cast<int>(s.code()), s.message(), rank, ranks);
+    return StatusTuple(s, rank, ranks);
   });
   m.def("process_set_ids", &tfring::ProcessSetIds);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {

@@ -1,8 +1,9 @@
 """Lifecycle and topology: init(), shutdown(), rank(), size() and friends.
 
 Every function here is shared by tfring.tensorflow and tfring.keras. Errors
-from the core come back as (code, message) and are raised as the
-``tf.errors`` type Horovod users expect.
+from the core come back as (code, message, cause, rank) and are raised as
+the ``tf.errors`` type Horovod users expect, with ``.cause`` and ``.rank``
+(tfring.common.tf_errors).
 """
 import atexit
 import os
@@ -14,7 +15,8 @@ from tfring.common import elastic, loader
 from tfring.common import process_sets as process_set_registry
 # The core's handle and statuses, under the names the bindings use (basics._core,
 # basics.raise_for_status, ...).
-from tfring.common.status import _PRECONDITION, _check, _core, _require_init, raise_for_status
+from tfring.common.status import (_PRECONDITION, CAUSE_INVALID_ARGUMENT, _check, _core,
+                                  _require_init, raise_for_status)
 
 _atexit_registered = False
 _init_lock = threading.Lock()
@@ -114,7 +116,7 @@ def _serve_rendezvous_if_asked(env=None):
     except OSError as e:
         raise_for_status(_PRECONDITION, f"TFRING_RENDEZVOUS_SERVE=1: cannot serve the "
                                         f"rendezvous store on {bind}:{port_text}: "
-                                        f"{e.strerror or e}")
+                                        f"{e.strerror or e}", CAUSE_INVALID_ARGUMENT)
 
 
 def _is_loopback(host):
@@ -175,7 +177,8 @@ def init(comm=None, process_sets=None):
             core = _core()
             if not hasattr(core, "init_tcp"):
                 raise_for_status(_PRECONDITION, "this tfring library has no TCP controller "
-                                                "(no init_tcp): rebuild it from this source.")
+                                                "(no init_tcp): rebuild it from this source.",
+                                 CAUSE_INVALID_ARGUMENT)
             _serve_rendezvous_if_asked()
             if elastic.enabled() and not core.is_initialized():
                 # The driver's round decides this worker's rank, size and
