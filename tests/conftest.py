@@ -5,12 +5,21 @@ pytest run launches them (see tests/tensorflow/test_ranks.py) rather than
 collecting them itself.
 """
 import os
+import shutil
 
 import pytest
 
-from support import CONTROLLERS, tfringrun
+from support import CONTROLLERS, missing_tool, tfringrun
 
 collect_ignore_glob = [] if os.environ.get("TFRING_RANK_TESTS") == "1" else ["*/ranks/*"]
+
+
+def pytest_runtest_setup(item):
+    # @pytest.mark.needs_tool("g++"): a C++ suite's compiler (see missing_tool).
+    for mark in item.iter_markers("needs_tool"):
+        for name in mark.args:
+            if shutil.which(name) is None:
+                missing_tool(name)
 
 
 @pytest.fixture(scope="session")

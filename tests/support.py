@@ -106,6 +106,17 @@ def live_pids(pids, wait=0.0):
     return [p for p in pids if alive(p)]
 
 
+def missing_tool(what):
+    """Ends a test that needs a build tool this machine lacks (`what`: its
+    name and how to get it): a skip, but a failure where
+    ``TFRING_REQUIRE_TOOLCHAIN=1`` (CI, which has g++ and mpicxx: C++ suites
+    that silently skipped there would prove nothing)."""
+    import pytest
+    if os.environ.get("TFRING_REQUIRE_TOOLCHAIN") == "1":
+        pytest.fail(f"needs {what}, and TFRING_REQUIRE_TOOLCHAIN=1 says this machine has it")
+    pytest.skip(f"needs {what}")
+
+
 def import_extra(name):
     """Imports the optional engine `name` (ray, pyspark) for its suite: a
     skip where it is not installed, but a failure where

@@ -14,13 +14,6 @@
 namespace py = pybind11;
 
 namespace tfring {
-namespace {
-
-py::tuple StatusTuple(const Status& s) {
-  return py::make_tuple(static_cast<int>(s.code()), s.message());
-}
-
-}  // namespace
 
 void DefineLifecycle(py::module_& m) {
   m.def("init", [](int64_t fortran_comm) {
@@ -70,7 +63,7 @@ void DefineLifecycle(py::module_& m) {
       py::gil_scoped_release release;
       s = AddProcessSet(ranks, &id);
     }
-    return py::make_tuple(static_cast<int>(s.code()), s.message(), id);
+    return StatusTuple(s, id);
   });
   m.def("remove_process_set", [](int32_t id) {
     Status s;
@@ -88,7 +81,7 @@ void DefineLifecycle(py::module_& m) {
       py::gil_scoped_release release;
       s = GetProcessSet(id, &rank, &ranks);
     }
-    return py::make_tuple(static_cast<int>(s.code()), s.message(), rank, ranks);
+    return StatusTuple(s, rank, ranks);
   });
   m.def("process_set_ids", &ProcessSetIds, py::call_guard<py::gil_scoped_release>());
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {

@@ -1,8 +1,9 @@
 // The Python face of the core inside the TF op library (lifecycle,
 // topology, process sets; python_lifecycle.cc). It lives in the same shared
 // object as the TF ops so that both see one coordinator.
-// tfring/common/basics.py turns a non-zero status code into the matching
-// tf.errors exception.
+// Functions return (code, message, cause, rank[, value...]) and
+// tfring/common/status.py turns a non-zero code into the matching tf.errors
+// exception, carrying the cause and the failing rank.
 #include <pybind11/pybind11.h>
 
 #include "python_lifecycle.h"

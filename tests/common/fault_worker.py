@@ -27,6 +27,13 @@ def _write(name, text):
     os.rename(path + ".tmp", path)
 
 
+def _wait_for(names, seconds=20.0):
+    """Waits until every file of `names` exists in DIR (written by other ranks)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and not all(os.path.exists(os.path.join(DIR, n)) for n in names):
+        time.sleep(0.02)
+
+
 def say(*words):
     print("RESULT", RANK, *words, flush=True)
 
@@ -57,25 +64,42 @@ def one_line(message):
     return " ".join(message.split())
 
 
+def say_failure(kind, error):
+    """RESULT KIND_CAUSE CAUSE RANK TYPES: the failure's cause and rank, and
+    which of the types Horovod users catch it is."""
+    from tfring.common.exceptions import HorovodInternalError
+    types = [name for name, cls in (("aborted", tf.errors.AbortedError),
+                                    ("precondition", tf.errors.FailedPreconditionError),
+                                    ("internal", HorovodInternalError)) if isinstance(error, cls)]
+    say(f"{kind}_CAUSE", getattr(error, "cause", "none"), getattr(error, "rank", "none"),
+        ",".join(types))
+
+
 def dead_rank():
     """ARGS: HOW VICTIM. The victim dies (kill: SIGKILL, exit: os._exit(3),
     raise: an uncaught ValueError) while the other ranks wait in a collective
     it never submits; they report how long it took them to hear of it."""
     how, victim = ARGS[0], int(ARGS[1])
     start()
+    survivors = [r for r in range(hvd.size()) if r != victim]
     if hvd.rank() == victim:
-        time.sleep(0.5)  # the others are in the collective by now
+        # Dies once every survivor is about to submit (a survivor that
+        # submits a moment after the death fails the same way: the detection
+        # time counts from the death).
+        _wait_for([f"waiting.{r}" for r in survivors])
         _write("death_time", repr(time.time()))
         if how == "kill":
             os.kill(os.getpid(), 9)
         elif how == "exit":
             os._exit(3)
         raise ValueError("the victim gave up")
+    _write(f"waiting.{hvd.rank()}", "1")
     try:
         hvd.allreduce(tf.ones([8]), name="never_completes")
     except tf.errors.AbortedError as e:
         took = time.time() - float(open(os.path.join(DIR, "death_time")).read())
         say("DETECTED", f"{took:.3f}", one_line(e.message))
+        say_failure("DETECTED", e)
     else:
         say("NO_ERROR")
         return
@@ -85,17 +109,15 @@ def dead_rank():
         hvd.allreduce(tf.ones([1]), name="later")
     except tf.errors.AbortedError as e:
         say("LATER", f"{time.time() - begin:.3f}", one_line(e.message))
+        say_failure("LATER", e)
     say("DONE")
     # Stay until every survivor has heard of the death. A survivor that exits
     # at once is a second dead peer, and a rank whose monitor looks later may
     # name it instead of the victim: the monitor reports the lowest dead rank,
     # not the first to die (FAULT_NO_WAIT=1 shows that).
     _write(f"done.{hvd.rank()}", "1")
-    survivors = [r for r in range(hvd.size()) if r != victim]
-    deadline = time.time() + 10
-    while (os.environ.get("FAULT_NO_WAIT") != "1" and time.time() < deadline and
-           not all(os.path.exists(os.path.join(DIR, f"done.{r}")) for r in survivors)):
-        time.sleep(0.02)
+    if os.environ.get("FAULT_NO_WAIT") != "1":
+        _wait_for([f"done.{r}" for r in survivors], seconds=10)
 
 
 def stall():
@@ -112,6 +134,7 @@ def stall():
         say("COMPLETED", f"{time.time() - begin:.3f}", out.numpy()[0])
     except tf.errors.AbortedError as e:
         say("ABORTED", f"{time.time() - begin:.3f}", one_line(e.message))
+        say_failure("ABORTED", e)
 
 
 def shutdown_pending():
@@ -127,6 +150,7 @@ def shutdown_pending():
                 outcome.append("COMPLETED")
             except tf.errors.AbortedError as e:
                 outcome.append("ABORTED " + one_line(e.message))
+                say_failure("THREAD", e)
             except Exception as e:  # noqa: BLE001 - reported to the test
                 outcome.append(f"OTHER {type(e).__name__} {one_line(str(e))}")
         thread = threading.Thread(target=pending)
@@ -141,6 +165,7 @@ def shutdown_pending():
             hvd.allreduce(tf.ones([1]), name="after_shutdown")
         except tf.errors.FailedPreconditionError as e:
             say("AFTER", one_line(e.message))
+            say_failure("AFTER", e)
     else:
         deadline = time.time() + 20
         while hvd.is_initialized() and time.time() < deadline:
@@ -150,6 +175,7 @@ def shutdown_pending():
             say("PEER", "COMPLETED")
         except tf.errors.AbortedError as e:
             say("PEER", one_line(e.message))
+            say_failure("PEER", e)
 
 
 def loop():

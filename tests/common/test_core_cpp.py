@@ -3,7 +3,6 @@
 no TensorFlow and no MPI, which is the layering this also guards."""
 import glob
 import os
-import shutil
 
 import pytest
 
@@ -13,7 +12,7 @@ from tfring.build.unit_tests import unit_test_sources
 CORE = os.path.join(ROOT, "tf_ops", "common")
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.needs_tool("g++")
 def test_core_unit_tests(tmp_path):
     run_sanitized_cpp_test(tmp_path / "core_test", unit_test_sources("core_test.cc", ROOT))
 

@@ -261,6 +261,9 @@ def test_dead_rank_is_named_quickly_and_the_job_ends(jobs, job, controller):
     survivors = [r for r in range(job.np) if r != victim]
     results = job.results()
     victim_pid = int(open(os.path.join(job.dir, f"pids.{victim}")).read().split()[0])
+    # Typed: a death is a peer failure naming the victim; a rank that died
+    # of an exception shut the job down first (its exit hook), naming itself.
+    typed = f"{'shutdown' if how == 'raise' else 'peer_failure'} {victim} aborted,internal"
     if how == "raise":
         named = f"tfring has been shut down: rank {victim} died of an uncaught ValueError: " \
                 "the victim gave up."
@@ -288,6 +291,8 @@ def test_dead_rank_is_named_quickly_and_the_job_ends(jobs, job, controller):
         # Later collectives fail at once with the same news.
         later_seconds, later = got["LATER"].split(" ", 1)
         assert named in later and float(later_seconds) < 1.0, job.describe()
+        assert got.get("DETECTED_CAUSE") == typed, job.describe()
+        assert got.get("LATER_CAUSE") == typed, job.describe()
         assert "DONE" in got, job.describe()
 
     what, code = _DEATH_REPORT[how]
@@ -378,6 +383,8 @@ def test_stall_shutdown_fails_every_rank_with_the_stall(jobs, job, controller):
                          r"\(TFRING_STALL_SHUTDOWN_TIME_SECONDS=2\)", message), job.describe()
         # Rank 1 would have submitted after 20 s: the stall ended it long before.
         assert float(seconds) < 12, job.describe()
+        assert results[rank].get("ABORTED_CAUSE") == "timeout None aborted,internal", \
+            job.describe()
     # Both ranks handled the error and MPI is intact: the job ends cleanly.
     assert job.returncode == 0, job.describe()
     check_no_process_left(job)
@@ -424,6 +431,11 @@ def test_shutdown_fails_a_collective_pending_on_another_thread(jobs, job, contro
         results[0]["AFTER"], job.describe()
     assert "tfring has been shut down: rank 0 called shutdown()" in results[1]["PEER"], \
         job.describe()
+    # Typed: shutdown by rank 0 on both ranks; after its own shutdown() this
+    # rank is not running (no longer a job-wide failure).
+    assert results[0].get("THREAD_CAUSE") == "shutdown 0 aborted,internal", job.describe()
+    assert results[1].get("PEER_CAUSE") == "shutdown 0 aborted,internal", job.describe()
+    assert results[0].get("AFTER_CAUSE") == "not_initialized None precondition", job.describe()
     check_no_process_left(job)
 
 

@@ -3,7 +3,6 @@
 with a fake NCCL/CUDA on host memory: no GPU, nccl.h or CUDA toolkit needed,
 so they run in CI. The same plane on a real GPU is tests/common/test_nccl_gpu.py."""
 import os
-import shutil
 
 import pytest
 
@@ -13,7 +12,7 @@ from tfring.build.unit_tests import unit_test_sources
 CORE = os.path.join(ROOT, "tf_ops", "common")
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.needs_tool("g++")
 def test_nccl_plane_unit_tests(tmp_path):
     # TFRING_NCCL_PLANE_LOGIC compiles the plane's logic, which the CPU
     # library leaves out, without TFRING_WITH_NCCL (which would need nccl.h).

@@ -2,7 +2,6 @@
 reduction_test.cc) under AddressSanitizer and UBSan: scaling and averaging
 round as TF's own arithmetic does, bit for bit, and ReduceInOrder reduces in
 the order of its sources whichever source is the output."""
-import shutil
 
 import pytest
 
@@ -10,6 +9,6 @@ from support import ROOT, run_sanitized_cpp_test
 from tfring.build.unit_tests import unit_test_sources
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.needs_tool("g++")
 def test_reduction_unit_tests(tmp_path):
     run_sanitized_cpp_test(tmp_path / "reduction_test", unit_test_sources("reduction_test.cc", ROOT))

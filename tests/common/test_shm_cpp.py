@@ -4,7 +4,6 @@ and runs it at np=2 and np=3: forked ranks check every collective against a
 serial computation, that a killed, exited or departed rank ends the others'
 waits with an error, and that nothing is left in /dev/shm."""
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -12,8 +11,8 @@ import pytest
 from support import ROOT
 from tfring.build.unit_tests import unit_test_sources
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not os.path.isdir("/dev/shm"),
-                                reason="needs g++ and /dev/shm")
+pytestmark = [pytest.mark.needs_tool("g++"),
+              pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 controllers in threads that skip negotiation in the steady state and fall
 back together, and the divergence flag in the fusion buffer. Needs no
 TensorFlow and no MPI."""
-import shutil
 
 import pytest
 
@@ -11,7 +10,7 @@ from support import ROOT, run_sanitized_cpp_test
 from tfring.build.unit_tests import unit_test_sources
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.needs_tool("g++")
 def test_speculation_unit_tests(tmp_path):
     run_sanitized_cpp_test(tmp_path / "speculation_test",
                            unit_test_sources("speculation_test.cc", ROOT))

@@ -187,49 +187,52 @@ def test_keras_state_builds_an_unbuilt_optimizer_so_its_slots_are_synced():
     assert "SLOTS 2 " in result.stdout, result.stdout + result.stderr
 
 
-class _CoreAfterAPeerDied:
+class _RunningCore:
     """The core as a survivor sees it just after a collective failed on a lost
-    peer: the background thread ends the job `after_s` later (never: None)."""
-
-    def __init__(self, after_s):
-        import time
-        self._time = time
-        self._at = None if after_s is None else time.monotonic() + after_s
+    peer and before its background thread has stopped the job."""
 
     def communication_broken(self):
-        return self._at is not None and self._time.monotonic() >= self._at
+        return False
 
     def is_initialized(self):
         return True
 
 
-def _judge(monkeypatch, error, after_s, **kwargs):
-    import time
+def _failure(tf_type, cause, rank=-1):
+    """A TensorFlow error as TensorFlow raises it from a tfring op inside a
+    graph: its own type, the cause in its payload."""
+    from tfring.common.exceptions import FAILURE_PAYLOAD, encode_failure
+    return tf_type(None, None, "a collective failed", {FAILURE_PAYLOAD: encode_failure(cause, rank)})
 
+
+def _judge(monkeypatch, error):
     from tfring.common import basics
     from tfring.tensorflow import elastic
-    monkeypatch.setattr(basics, "_core", lambda: _CoreAfterAPeerDied(after_s))
-    start = time.monotonic()
-    verdict = elastic._is_internal_error(error, **kwargs)
-    return verdict, time.monotonic() - start
+    monkeypatch.setattr(basics, "_core", lambda: _RunningCore())
+    return elastic._is_internal_error(error)
 
 
-def test_an_aborted_collective_waits_for_the_verdict_that_a_peer_is_lost(monkeypatch):
+def test_a_lost_peer_is_judged_by_its_cause_at_once(monkeypatch):
     # The op ran on the submitting thread and failed before the background
-    # thread stopped the job: still a lost peer (rolled back), not the
-    # script's error (which would end the job).
+    # thread stopped the job: its cause alone says a peer is lost (rolled
+    # back), whatever the core's state, with no waiting.
     import tensorflow as tf
-    lost = tf.errors.AbortedError(None, None, "tfring: rank 1 left the shared-memory data plane")
-    verdict, took = _judge(monkeypatch, lost, 0.2)
-    assert verdict and took >= 0.15
+
+    from tfring.common import tf_errors
+    peer_failure, shutdown, timeout = 3, 2, 6
+    for cause in (peer_failure, shutdown, timeout):
+        assert _judge(monkeypatch, _failure(tf.errors.AbortedError, cause, 1))
+    typed = tf_errors.typed(_failure(tf.errors.AbortedError, peer_failure, 2))
+    assert isinstance(typed, tf_errors.AbortedError) and typed.rank == 2
+    assert _judge(monkeypatch, typed)
 
 
 def test_errors_that_are_not_lost_peers_are_judged_the_scripts_own(monkeypatch):
     import tensorflow as tf
-    mismatch = tf.errors.FailedPreconditionError(None, None, "Mismatched ALLREDUCE tensor shapes")
-    verdict, took = _judge(monkeypatch, mismatch, 0.2)
-    assert not verdict and took < 0.1  # at once: only an abort can be a lost peer
-    aborted = tf.errors.AbortedError(None, None, "an abort the job survives")
-    verdict, took = _judge(monkeypatch, aborted, None, wait_s=0.3)
-    assert not verdict and took >= 0.3
-    assert not _judge(monkeypatch, ValueError("the script's own"), 0.0)[0]
+    mismatch, invalid, not_initialized = 4, 5, 7
+    assert not _judge(monkeypatch, _failure(tf.errors.FailedPreconditionError, mismatch))
+    assert not _judge(monkeypatch, _failure(tf.errors.InvalidArgumentError, invalid))
+    assert not _judge(monkeypatch, _failure(tf.errors.FailedPreconditionError, not_initialized))
+    # An abort that is not tfring's (no cause), while tfring runs: the script's.
+    assert not _judge(monkeypatch, tf.errors.AbortedError(None, None, "an abort of TF's own"))
+    assert not _judge(monkeypatch, ValueError("the script's own"))

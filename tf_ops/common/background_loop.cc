@@ -97,6 +97,8 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       std::lock_guard<std::mutex> lock(st.reason_mu);
       mine.shutdown = true;
       mine.shutdown_reason = st.shutdown_reason;
+      mine.shutdown_cause = static_cast<int32_t>(st.shutdown_cause);
+      mine.shutdown_rank = st.topo.rank;
     }
     ResponseList responses;
     // Speculation needs the global set alone: a rank waiting inside a
@@ -109,10 +111,15 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
     if (ps->id == kGlobalProcessSetId) *negotiation = Clock::now() - round_start;
     if (!s.ok()) {
       *broken = true;
-      *why = s.message().rfind("tfring stopped", 0) == 0
-                 ? s
-                 : Status::Aborted("tfring stopped after a communication failure in process "
-                                   "set " + std::to_string(ps->id) + ": " + s.message());
+      // A failure that names its peer (the peer monitor, the transport's
+      // liveness) says all; any other gets the set it happened in.
+      const bool names_peer = s.cause() == FailureCause::PEER_FAILURE && s.rank() >= 0;
+      *why = Status::Make(StatusCode::ABORTED, s.cause(),
+                          names_peer ? s.message()
+                                     : "tfring stopped after a communication failure in "
+                                       "process set " + std::to_string(ps->id) + ": " +
+                                           s.message(),
+                          s.rank());
       return false;
     }
     if (st.timeline.enabled()) {
@@ -159,8 +166,13 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       st.spec_stats.failures = c.failures;
     }
     if (ps->id == kGlobalProcessSetId && responses.shutdown) {
-      *why = Status::Aborted("tfring has been shut down: " + responses.shutdown_reason +
-                             ". Collectives can no longer run in this job.");
+      // A stall stops the job as a timeout; the rank is the one whose
+      // shutdown() (or end of script) stopped it.
+      const auto cause = static_cast<FailureCause>(responses.shutdown_cause);
+      *why = Status::Make(StatusCode::ABORTED, cause,
+                          "tfring has been shut down: " + responses.shutdown_reason +
+                              ". Collectives can no longer run in this job.",
+                          cause == FailureCause::SHUTDOWN ? responses.shutdown_rank : -1);
       return false;
     }
   }
@@ -169,12 +181,13 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
 
 }  // namespace
 
-void RequestShutdown(const std::string& reason) {
+void RequestShutdown(FailureCause cause, const std::string& reason) {
   GlobalState& st = state();
   {
     std::lock_guard<std::mutex> lock(st.reason_mu);
     if (st.shutdown_requested) return;
     st.shutdown_reason = reason;
+    st.shutdown_cause = cause;
   }
   st.shutdown_requested = true;
   WakeBackground();
@@ -213,7 +226,7 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
                                "stuck or on a different code path.";
       }
       if (can_stop && stalled.first.seconds >= c.stall_shutdown_time_s) {
-        RequestShutdown("a stall: " + what + " (TFRING_STALL_SHUTDOWN_TIME_SECONDS=" +
+        RequestShutdown(FailureCause::TIMEOUT, "a stall: " + what + " (TFRING_STALL_SHUTDOWN_TIME_SECONDS=" +
                         std::to_string(static_cast<int>(c.stall_shutdown_time_s)) + ")");
       }
     }

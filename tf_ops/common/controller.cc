@@ -63,6 +63,8 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
   RequestList full;
   full.shutdown = mine.shutdown;
   full.shutdown_reason = mine.shutdown_reason;
+  full.shutdown_cause = mine.shutdown_cause;
+  full.shutdown_rank = mine.shutdown_rank;
   full.requests.swap(deferred_);
   // After a fallback, what speculation held is negotiated first.
   std::vector<Request> incoming = speculation_.TakeReplay();
@@ -177,6 +179,8 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
     UpdateCache(negotiated);
     result.shutdown = negotiated.shutdown;
     result.shutdown_reason = negotiated.shutdown_reason;
+    result.shutdown_cause = negotiated.shutdown_cause;
+    result.shutdown_rank = negotiated.shutdown_rank;
     result.has_params = negotiated.has_params;
     result.fusion_threshold_bytes = negotiated.fusion_threshold_bytes;
     result.cycle_time_ms = negotiated.cycle_time_ms;

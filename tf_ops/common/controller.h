@@ -136,6 +136,8 @@ class Controller {
   int32_t last_joined_ = -1;
   bool shutdown_ = false;
   std::string shutdown_reason_;
+  int32_t shutdown_cause_ = 0;
+  int32_t shutdown_rank_ = -1;
   int32_t next_process_set_id_ = 1;
   ResponseList params_to_send_;  // only its has_params and value fields are used
 

@@ -12,6 +12,8 @@ void Controller::Ingest(const RequestList& list, int from_rank) {
   if (list.shutdown && !shutdown_) {
     shutdown_ = true;
     shutdown_reason_ = list.shutdown_reason;
+    shutdown_cause_ = list.shutdown_cause;
+    shutdown_rank_ = list.shutdown_rank;
   }
   for (const Request& req : list.requests) {
     if (req.type == CollectiveType::JOIN) {
@@ -58,6 +60,8 @@ ResponseList Controller::BuildResponseList() {
   ResponseList out;
   out.shutdown = shutdown_;
   out.shutdown_reason = shutdown_reason_;
+  out.shutdown_cause = shutdown_cause_;
+  out.shutdown_rank = shutdown_rank_;
   if (params_to_send_.has_params) {
     out.has_params = true;
     out.fusion_threshold_bytes = params_to_send_.fusion_threshold_bytes;

@@ -29,6 +29,7 @@ struct GlobalState {
   // Why this rank asks the job to stop; guarded by reason_mu.
   std::mutex reason_mu;
   std::string shutdown_reason;
+  FailureCause shutdown_cause = FailureCause::SHUTDOWN;
   // Guards `stopped` against Enqueue so nothing slips in after the final FailAll.
   std::mutex enqueue_mu;
   bool stopped = true;

@@ -24,10 +24,13 @@ Status CheckCanStartLocked(bool* running) {
   // The previous job ended (shutdown() here, or another rank stopped it).
   if (st.background.joinable()) st.background.join();
   if (st.comm_broken && !st.broken_can_restart) {
-    return Status::Aborted("tfring cannot start again in this process: communication broke "
-                           "down earlier, and the " + st.broken_backend +
-                           " transport cannot recover from that (" +
-                           st.stopped_status.message() + ")");
+    // Still the failure that broke it (its cause and rank), in other words.
+    return Status::Make(StatusCode::ABORTED, st.stopped_status.cause(),
+                        "tfring cannot start again in this process: communication broke "
+                        "down earlier, and the " + st.broken_backend +
+                        " transport cannot recover from that (" + st.stopped_status.message() +
+                        ")",
+                        st.stopped_status.rank());
   }
   return Status::OK();
 }
@@ -51,6 +54,7 @@ Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
   st.config = config;
   st.shutdown_requested = false;
   st.shutdown_reason.clear();
+  st.shutdown_cause = FailureCause::SHUTDOWN;
   SetLogging(st.config.log_level, st.config.log_timestamps, backend->rank());
   // A first global set, on the fallback plane only, learns the topology; the
   // real one is then built knowing which ranks share a host (for shared
@@ -110,12 +114,13 @@ Status Shutdown(const std::string& reason) {
   GlobalState& st = state();
   std::lock_guard<std::mutex> lock(st.lifecycle_mu);
   if (!st.running) return Status::OK();
-  RequestShutdown("rank " + std::to_string(st.topo.rank) +
-                  (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason));
+  RequestShutdown(FailureCause::SHUTDOWN,
+                  "rank " + std::to_string(st.topo.rank) +
+                      (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason));
   if (st.background.joinable()) st.background.join();
   {
     std::lock_guard<std::mutex> elock(st.enqueue_mu);
-    st.stopped_status = Status::PreconditionError(
+    st.stopped_status = Status::NotInitialized(
         "tfring has been shut down on this rank (shutdown() was called); call init() to start it "
         "again.");
   }
@@ -133,7 +138,7 @@ Status CheckInitialized() {
   GlobalState& st = state();
   std::lock_guard<std::mutex> lock(st.enqueue_mu);
   if (!st.ever_initialized) {
-    return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
+    return Status::NotInitialized("tfring has not been initialized; use hvd.init().");
   }
   if (st.stopped) return st.stopped_status;
   return Status::OK();
@@ -143,7 +148,7 @@ Status CheckTopologyKnown() {
   GlobalState& st = state();
   std::lock_guard<std::mutex> lock(st.enqueue_mu);
   if (!st.ever_initialized) {
-    return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
+    return Status::NotInitialized("tfring has not been initialized; use hvd.init().");
   }
   return Status::OK();
 }

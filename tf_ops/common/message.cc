@@ -88,6 +88,8 @@ std::string SerializeRequestList(const RequestList& list) {
   w.Pod(kRequestMagic);
   w.Pod<uint8_t>(list.shutdown);
   w.Str(list.shutdown_reason);
+  w.Pod(list.shutdown_cause);
+  w.Pod(list.shutdown_rank);
   w.Pod<uint64_t>(list.requests.size());
   for (const auto& r : list.requests) {
     w.Pod(r.request_rank);
@@ -115,7 +117,8 @@ Status ParseRequestList(const std::string& bytes, RequestList* list) {
   uint64_t n = 0;
   const Status bad = Status::Unknown("tfring: malformed request list received during negotiation");
   if (!rd.Pod(&magic) || magic != kRequestMagic || !rd.Pod(&shutdown) ||
-      !rd.Str(&list->shutdown_reason) || !rd.Pod(&n)) {
+      !rd.Str(&list->shutdown_reason) || !rd.Pod(&list->shutdown_cause) ||
+      !rd.Pod(&list->shutdown_rank) || !rd.Pod(&n)) {
     return bad;
   }
   list->shutdown = shutdown != 0;
@@ -143,6 +146,8 @@ std::string SerializeResponseList(const ResponseList& list) {
   w.Pod(kResponseMagic);
   w.Pod<uint8_t>(list.shutdown);
   w.Str(list.shutdown_reason);
+  w.Pod(list.shutdown_cause);
+  w.Pod(list.shutdown_rank);
   w.Pod<uint8_t>(list.has_params);
   w.Pod(list.fusion_threshold_bytes);
   w.Pod(list.cycle_time_ms);
@@ -175,7 +180,8 @@ Status ParseResponseList(const std::string& bytes, ResponseList* list) {
   uint8_t has_params = 0;
   const Status bad = Status::Unknown("tfring: malformed response list received during negotiation");
   if (!rd.Pod(&magic) || magic != kResponseMagic || !rd.Pod(&shutdown) ||
-      !rd.Str(&list->shutdown_reason) || !rd.Pod(&has_params) ||
+      !rd.Str(&list->shutdown_reason) || !rd.Pod(&list->shutdown_cause) ||
+      !rd.Pod(&list->shutdown_rank) || !rd.Pod(&has_params) ||
       !rd.Pod(&list->fusion_threshold_bytes) || !rd.Pod(&list->cycle_time_ms) ||
       !rd.Pod(&list->shm_min_bytes) || !rd.Pod(&n)) {
     return bad;

@@ -41,6 +41,10 @@ struct RequestList {
   // This rank asks the job to shut down (shutdown() or interpreter exit).
   bool shutdown = false;
   std::string shutdown_reason;
+  // The shutdown's kind (a FailureCause: SHUTDOWN, or TIMEOUT for a stall)
+  // and the rank that asked for it.
+  int32_t shutdown_cause = 0;
+  int32_t shutdown_rank = -1;
 };
 
 enum class ResponseType : int32_t {
@@ -89,6 +93,8 @@ struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
   std::string shutdown_reason;
+  int32_t shutdown_cause = 0;  // as in RequestList
+  int32_t shutdown_rank = -1;
   // Autotune: new values every rank applies after this cycle.
   bool has_params = false;
   int64_t fusion_threshold_bytes = 0;

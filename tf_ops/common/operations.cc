@@ -56,7 +56,7 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
   GlobalState& st = state();
   std::unique_lock<std::mutex> lock(st.enqueue_mu);
   if (!st.ever_initialized) {
-    return Status::PreconditionError("tfring has not been initialized; use hvd.init().");
+    return Status::NotInitialized("tfring has not been initialized; use hvd.init().");
   }
   if (st.stopped) return st.stopped_status;
   auto ps = st.process_sets.Get(process_set_id);

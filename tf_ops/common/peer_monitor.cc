@@ -65,8 +65,8 @@ Status PeerMonitor::Check() {
     last_check_ = now;
     for (const Peer& p : local_) {
       if (!ProcessAlive(p.pid)) {
-        failed_ = Status::Aborted(
-            "tfring stopped: rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) +
+        failed_ = Status::PeerFailed(
+            p.rank, "tfring stopped: rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) +
             " on " + p.host +
             ") has exited or was killed while other ranks still needed it for collectives. "
             "Look at rank " + std::to_string(p.rank) + "'s own output for the cause.");

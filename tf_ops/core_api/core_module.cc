@@ -292,8 +292,7 @@ PYBIND11_MODULE(_tfring_core, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("status",
            [](PendingCall& r) {
-             Status s = r.status();
-             return py::make_tuple(static_cast<int>(s.code()), s.message());
+             return StatusTuple(r.status());
            })
       .def("int_result", &PendingCall::int_result)
       .def("received_splits", &PendingCall::received_splits);
@@ -309,10 +308,10 @@ PYBIND11_MODULE(_tfring_core, m) {
           s = RecordReadyEvent(device, reinterpret_cast<void*>(stream), &ev.event);
         }
         py::object event = s.ok() ? py::cast(ev) : py::none();
-        return py::make_tuple(static_cast<int>(s.code()), s.message(), event);
+        return StatusTuple(s, event);
       },
       py::arg("device"), py::arg("stream") = 0,
-      "(code, message, event): an event recorded now on `stream` (a cudaStream_t as an "
+      "(code, message, cause, rank, event): an event recorded now on `stream` (a cudaStream_t as an "
       "integer; 0: the legacy default stream) of GPU `device`, for enqueue(ready_event=...). "
       "A build without GPU support returns INVALID_ARGUMENT.");
 

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 
+#include "absl/strings/cord.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -18,14 +20,25 @@ namespace {
 
 namespace tf = ::tensorflow;
 
+// The payload that carries a failure's cause and rank to Python, where
+// TensorFlow hands it over as the exception's `experimental_payloads`
+// (tfring/common/status.py reads it back). Its value: "CAUSE RANK".
+constexpr char kFailurePayload[] = "tfring.failure";
+
 tf::Status ToTFStatus(const Status& s) {
+  tf::Status out;
   switch (s.code()) {
     case StatusCode::OK: return tf::OkStatus();
-    case StatusCode::PRECONDITION_ERROR: return tf::errors::FailedPrecondition(s.message());
-    case StatusCode::ABORTED: return tf::errors::Aborted(s.message());
-    case StatusCode::INVALID_ARGUMENT: return tf::errors::InvalidArgument(s.message());
-    default: return tf::errors::Unknown(s.message());
+    case StatusCode::PRECONDITION_ERROR: out = tf::errors::FailedPrecondition(s.message()); break;
+    case StatusCode::ABORTED: out = tf::errors::Aborted(s.message()); break;
+    case StatusCode::INVALID_ARGUMENT: out = tf::errors::InvalidArgument(s.message()); break;
+    default: out = tf::errors::Unknown(s.message()); break;
   }
+  // From a string_view: the Cord constructor TensorFlow's library exports.
+  const std::string value =
+      std::to_string(static_cast<int>(s.cause())) + " " + std::to_string(s.rank());
+  out.SetPayload(kFailurePayload, absl::Cord(absl::string_view(value)));
+  return out;
 }
 
 Status FromTFStatus(const tf::Status& s) {

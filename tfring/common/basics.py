@@ -1,8 +1,9 @@
 """Lifecycle and topology: init(), shutdown(), rank(), size() and friends.
 
 Every function here is shared by tfring.tensorflow and tfring.keras. Errors
-from the core come back as (code, message) and are raised as the
-``tf.errors`` type Horovod users expect.
+from the core come back as (code, message, cause, rank) and are raised as
+the ``tf.errors`` type Horovod users expect, with ``.cause`` and ``.rank``
+(tfring.common.tf_errors).
 """
 import os
 

@@ -38,8 +38,7 @@ class ProcessSet:
                 "first (or pass it to hvd.init(process_sets=[...])).")
         status._require_init()
         registered_id(self)
-        code, message, rank, ranks = status._core().process_set_info(self.process_set_id)
-        status.raise_for_status(code, message)
+        rank, ranks = status._check(status._core().process_set_info(self.process_set_id))
         return rank, ranks
 
     def size(self):
@@ -110,8 +109,7 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set!r} is already registered.")
-    code, message, new_id = status._core().add_process_set(list(process_set.ranks))
-    status.raise_for_status(code, message)
+    (new_id,) = status._check(status._core().add_process_set(list(process_set.ranks)))
     process_set.process_set_id = new_id
     return process_set
 
@@ -120,7 +118,7 @@ def remove_process_set(process_set):
     """Removes a registered set on every rank (collective). Returns True if it was removed."""
     if process_set.process_set_id in (None, 0):
         return False
-    code, message = status._core().remove_process_set(process_set.process_set_id)
+    code = status._core().remove_process_set(process_set.process_set_id)[0]
     if code != 0:
         return False
     process_set.process_set_id = None

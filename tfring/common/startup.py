@@ -18,6 +18,8 @@ _CONTROLLERS = {"mpi": "mpi", "tcp": "tcp", "gloo": "tcp"}
 _TRUE = ("1", "true", "yes", "on")
 # Core status code (tf_ops/common/status.h) of a failed precondition.
 _PRECONDITION = 2
+# The core's FailureCause for a bad setting (status.h).
+_CAUSE_INVALID_ARGUMENT = 5
 # The rendezvous store this process serves (TFRING_RENDEZVOUS_SERVE=1): one
 # per process, whichever binding started it.
 _rendezvous_server = None
@@ -109,7 +111,7 @@ def _serve_rendezvous_if_asked(raise_for_status, env=None):
     except OSError as e:
         raise_for_status(_PRECONDITION, f"TFRING_RENDEZVOUS_SERVE=1: cannot serve the "
                                         f"rendezvous store on {bind}:{port_text}: "
-                                        f"{e.strerror or e}")
+                                        f"{e.strerror or e}", _CAUSE_INVALID_ARGUMENT)
 
 
 def _is_loopback(host):
@@ -130,7 +132,7 @@ class Lifecycle:
             needed): the functions of tf_ops/python_lifecycle.cc.
         loaded: callable saying whether the core module is loaded (the exit
             hook does nothing when it never was).
-        raise_for_status: callable(code, message) raising the binding's
+        raise_for_status: callable(code, message, cause, rank) raising the binding's
             exception for a core status code (no-op for 0).
     """
 
@@ -147,7 +149,8 @@ class Lifecycle:
         self.exit_reason = ""
 
     def _check(self, result):
-        self._raise(result[0], result[1])
+        # (code, message, cause, rank[, values]): see tf_ops/python_lifecycle.h.
+        self._raise(*result[:4])
 
     def start(self, comm=None):
         """Starts the core under :func:`configured_controller`'s controller
@@ -167,7 +170,8 @@ class Lifecycle:
                 core = self._core()
                 if not hasattr(core, "init_tcp"):
                     self._raise(_PRECONDITION, "this tfring library has no TCP controller "
-                                               "(no init_tcp): rebuild it from this source.")
+                                               "(no init_tcp): rebuild it from this source.",
+                                _CAUSE_INVALID_ARGUMENT)
                 _serve_rendezvous_if_asked(self._raise)
                 if elastic.enabled() and not core.is_initialized():
                     # The driver's round decides this worker's rank, size and
@@ -195,9 +199,9 @@ class Lifecycle:
 
         def query():
             core = self._core()
-            code, message = core.check_topology_known()
+            code, message, cause, rank = core.check_topology_known()
             if code != 0:
-                raise_not_known(code, message)
+                raise_not_known(code, message, cause, rank)
             return getattr(core, fn.__name__)()
         query.__name__ = fn.__name__
         query.__doc__ = fn.__doc__

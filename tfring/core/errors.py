@@ -20,22 +20,30 @@ Example:
     ... except hvd.HorovodInternalError as e:  # a peer was lost
     ...     print(e.code, e)
 """
-from tfring.common.exceptions import HorovodInternalError
+from tfring.common.exceptions import (HorovodInternalError, TfringError, cause_from_core,
+                                     failure_payloads)
 
 OK, UNKNOWN, PRECONDITION, ABORTED, INVALID_ARGUMENT = 0, 1, 2, 3, 4
+# The core's FailureCause for "unknown" (status.h): what a status without one says.
+_CAUSE_UNKNOWN = 1
 
 
-class CoreError(RuntimeError):
+class CoreError(TfringError, RuntimeError):
     """A failed core call. ``code`` is the core's status code and
-    ``message`` its message (also ``str(e)``)."""
+    ``message`` its message (also ``str(e)``); ``.cause`` (a
+    tfring.common.exceptions.Cause) says why, and ``.rank`` names the failing
+    rank where there is one (docs/errors.md)."""
 
     code = UNKNOWN
 
-    def __init__(self, message, code=None):
+    def __init__(self, message, code=None, cause=_CAUSE_UNKNOWN, rank=-1):
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        # Where TfringError's .cause and .rank read them (as from TF's errors).
+        self.experimental_payloads = failure_payloads(cause_from_core(cause),
+                                                      None if rank < 0 else rank)
 
 
 class InvalidArgumentError(CoreError, ValueError):
@@ -73,13 +81,14 @@ _BY_CODE = {INVALID_ARGUMENT: InvalidArgumentError, PRECONDITION: PreconditionEr
             ABORTED: AbortedError, UNKNOWN: UnknownError}
 
 
-def raise_for_status(code, message):
-    """Raises the exception of a core status (nothing for OK).
+def raise_for_status(code, message, cause=_CAUSE_UNKNOWN, rank=-1):
+    """Raises the exception of a core status (nothing for OK): the core's
+    (code, message, cause, rank), as its calls return them.
 
     Raises:
         CoreError: the subclass for ``code`` (UnknownError for a code this
-            table does not know), with ``.code`` set to it.
+            table does not know), with ``.code``, ``.cause`` and ``.rank``.
     """
     if code == OK:
         return
-    raise _BY_CODE.get(code, UnknownError)(message, code)
+    raise _BY_CODE.get(code, UnknownError)(message, code, cause, rank)

@@ -21,11 +21,11 @@ def _require_init():
         CoreError: the job has stopped (the subclass for the core's status).
     """
     core = _core()
-    code, message = core.check_initialized()
+    code, message, cause, rank = core.check_initialized()
     if code != errors.OK:
         if core.check_topology_known()[0] != errors.OK:
-            raise errors.NotInitializedError(message, code)
-        errors.raise_for_status(code, message)
+            raise errors.NotInitializedError(message, code, cause, rank)
+        errors.raise_for_status(code, message, cause, rank)
     return core
 
 
@@ -73,8 +73,8 @@ def is_initialized():
     return _module.loaded() and _core().is_initialized()
 
 
-def _not_initialized(code, message):
-    raise errors.NotInitializedError(message, code)
+def _not_initialized(code, message, cause, rank):
+    raise errors.NotInitializedError(message, code, cause, rank)
 
 
 def _topology(fn):

@@ -86,8 +86,7 @@ class Handle:
                 if remaining <= 0:
                     raise TimeoutError(f"tfring: the collective did not finish in {timeout} s")
         if not self._taken:
-            code, message = self._call.status()
-            errors.raise_for_status(code, message)
+            errors.raise_for_status(*self._call.status())
             self._value = self._result(self._call)
             self._taken = True
         return self._value
@@ -116,8 +115,8 @@ def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1
     device = adapted[0].device if adapted else arrays.CPU
     ready = None
     if device != arrays.CPU:
-        code, message, ready = core.ready_event(device, adapted[0].stream)
-        errors.raise_for_status(code, message)
+        code, message, cause, rank, ready = core.ready_event(device, adapted[0].stream)
+        errors.raise_for_status(code, message, cause, rank)
     fixed = [a.new(a.shape) if collective in (_ALLREDUCE, _BROADCAST) else None
              for a in adapted]
     fixed_adapted = [arrays.adapt(o) if o is not None else None for o in fixed]

@@ -236,7 +236,7 @@ class ElasticJob:
                 if status != "ok":
                     rank = m.rank if m.rank is not None else -1
                     self.ex._fail(f"worker {m.wid} raised")
-                    raise self.ex._raised(rank, *value, where=m.name())
+                    raise self.ex._raised(rank, *value[:3], where=m.name())
                 m.done, m.result = True, value
                 self._event(f"{m.name()} finished")
                 if succeeded_at is None:

@@ -34,9 +34,9 @@ from tfring.runner import engine_env, start_rendezvous
 from tfring.runner.supervisor import format_ranks
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-# A worker that lost its peer fails too (AbortedError naming it), often
-# before Ray reports the peer's death: after such an echo, how long .run
-# waits for the cause (which is what it raises) before it stops the job.
+# A worker that lost its peer fails too (its error's cause says so: an echo),
+# often before Ray reports the peer's death: after such an echo, how long
+# .run waits for the cause (which is what it raises) before it stops the job.
 FAILURE_GRACE_SECONDS = 2.0
 _POLL_SECONDS = 0.1
 _STOP_SECONDS = 5.0
@@ -360,9 +360,11 @@ class RayExecutor:
                     else:
                         # Unpickled only if chosen: a TensorFlow error would
                         # import TensorFlow here first, which takes seconds.
-                        echo = 1 if value[1].startswith("AbortedError") else 0
-                        failures.append((echo, rank,
-                                         lambda rank=rank, v=value: self._raised(rank, *v)))
+                        # The worker judged whether it is an echo.
+                        payload, summary, text, echo = value
+                        failures.append((int(echo), rank,
+                                         lambda rank=rank, v=(payload, summary, text):
+                                         self._raised(rank, *v)))
                 if failures and grace_until is None:
                     grace_until = time.monotonic() + FAILURE_GRACE_SECONDS
             if any(echo == 0 for echo, _, _ in failures):

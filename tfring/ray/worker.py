@@ -6,6 +6,7 @@ import traceback
 
 import ray
 
+from tfring.common.exceptions import ends_job
 from tfring.runner import remote
 
 
@@ -45,7 +46,9 @@ class _Worker:
                 payload = ray.cloudpickle.dumps(e)
             except Exception:  # noqa: BLE001 - an exception that cannot travel
                 payload = None
-            return "error", (payload, f"{type(e).__name__}: {e}", text)
+            # Whether it is an echo of a failure elsewhere (a lost peer):
+            # judged here, where the exception is, by its cause.
+            return "error", (payload, f"{type(e).__name__}: {e}", text, ends_job(e))
 
     def stop_tfring(self):
         """Shuts tfring down in this process, if it was started here."""

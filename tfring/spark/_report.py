@@ -22,17 +22,16 @@ def pickled(error):
     return payload if len(payload) <= MAX_ERROR_BYTES else None
 
 
-def report_failure(env, pid, payload, summary, text):
+def report_failure(env, pid, payload, summary, text, collateral=False):
     """Writes a rank's failure to the job's store (``error/<rank>``), where
     the driver finds it after the Spark job failed. Best effort: the task's
-    own failure still fails the job."""
+    own failure still fails the job. `collateral`: the failure is an echo of
+    another rank's (its cause says a peer failed or left), not the cause."""
     from tfring._store import rendezvous, wire
     rank = int(env["TFRING_RANK"])
     report = {"rank": rank, "host": env.get("TFRING_HOSTNAME", "?"), "pid": pid,
               "payload": payload, "summary": summary, "traceback": text, "time": time.time(),
-              # A rank whose peer failed fails too (AbortedError naming it):
-              # an echo of the cause, not the cause.
-              "collateral": summary.startswith("AbortedError")}
+              "collateral": bool(collateral)}
     data = cloudpickle.dumps(report)
     if len(data) > wire.MAX_FRAME - 4096:
         report["payload"], report["traceback"] = None, text[-4000:]

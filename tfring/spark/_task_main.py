@@ -15,6 +15,7 @@ import traceback
 
 from pyspark import cloudpickle
 
+from tfring.common.exceptions import ends_job
 from tfring.spark._report import pickled, report_failure
 
 
@@ -33,7 +34,7 @@ def main(argv):
         # Reported from here, while this rank is still in the job: its
         # peers fail only once it has gone, so the cause is in the store
         # before any echo of it.
-        report_failure(os.environ, os.getpid(), *outcome[1])
+        report_failure(os.environ, os.getpid(), *outcome[1], collateral=ends_job(e))
     try:
         data = cloudpickle.dumps(outcome)
     except Exception as e:  # noqa: BLE001 - a result that cannot travel

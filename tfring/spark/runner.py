@@ -181,8 +181,8 @@ def _reported_failure(store, secret):
             continue
     if not reports:
         return None
-    # A rank that lost its peer fails too (AbortedError naming the peer);
-    # the cause is the other one. Then the earliest.
+    # A rank that lost its peer fails too (collateral: its error's cause
+    # says so); the cause is the other one. Then the earliest.
     report = min(reports, key=lambda r: (r["collateral"], r["time"], r["rank"]))
     error = None
     if report["payload"] is not None:

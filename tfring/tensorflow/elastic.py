@@ -18,12 +18,12 @@ Example::
     train(state)
 """
 import copy
-import time
 
 import tensorflow as tf
 
 from tfring.common import basics
 from tfring.common import elastic as _elastic
+from tfring.common import tf_errors
 from tfring.common.elastic import State
 from tfring.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from tfring.tensorflow import functions, mpi_ops
@@ -32,28 +32,17 @@ __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasSta
            "HorovodInternalError", "HostsUpdatedInterrupt"]
 
 
-# A collective that fails because a peer is gone can reach the script just
-# before the background thread, which ends the job on that failure, has done
-# so: when the op ran on the submitting thread (speculation, inline) the
-# background thread may be asleep for a cycle. An AbortedError (what a
-# communication failure raises) waits this long for that verdict before it
-# counts as the script's own error; other errors are judged at once.
-_VERDICT_WAIT_S = 10.0
-
-
-def _is_internal_error(exc, wait_s=_VERDICT_WAIT_S):
-    """A lost peer: a collective failed because communication broke, or the
-    job could not re-form (the start-up of a round failed)."""
-    if not isinstance(exc, tf.errors.OpError):
-        return False
-    core = basics._core()
-    deadline = time.monotonic() + (wait_s if isinstance(exc, tf.errors.AbortedError) else 0.0)
-    while True:
-        if core.communication_broken() or not core.is_initialized():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.002)
+def _is_internal_error(exc):
+    """A lost peer: a collective failed because a peer failed or left or the
+    job was stopped, as the failure's cause says (also for an error
+    TensorFlow raised from inside a graph). A TensorFlow error that carries
+    no cause (another op of the graph, cancelled because ours failed) is one
+    when tfring has stopped by now: the op that failed first ended the job
+    before TensorFlow cancelled the rest."""
+    failure = tf_errors.failure_of(exc)
+    if failure is not None:
+        return failure[0].ends_job
+    return isinstance(exc, tf.errors.OpError) and not basics._core().is_initialized()
 
 
 def _broadcast(variables):

@@ -5,12 +5,13 @@ name for it to run. Names default to the TF op name, which is what a graph
 built the same way on every rank gives; in eager mode ops run one at a time,
 so the default name is enough there too.
 """
+import contextlib
 import re
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
-from tfring.common import basics, loader
+from tfring.common import basics, loader, tf_errors
 from tfring.common.process_sets import global_process_set, registered_id
 
 # Reduce ops: the same numbering as Horovod (and as the reduce_op attribute).
@@ -83,8 +84,21 @@ def _collective(kind, *inputs, name=None, graph_name=None, **attrs):
     snake = re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
     if tf.executing_eagerly():
         key = name if name is not None else f"Horovod{kind}"
-        return getattr(_ops(), f"tfring_named_{snake}")(*inputs, tf.constant(key), **attrs)
+        with _typed_errors():
+            return getattr(_ops(), f"tfring_named_{snake}")(*inputs, tf.constant(key), **attrs)
     return getattr(_ops(), f"horovod_{snake}")(*inputs, name=graph_name, **attrs)
+
+
+@contextlib.contextmanager
+def _typed_errors():
+    """Raises a failed eager op's error as tfring's type of it, with
+    ``.cause`` and ``.rank`` (tfring.common.tf_errors). In graphs TensorFlow
+    raises the error where the graph runs: tf_errors.failure_of reads the
+    same from it there."""
+    try:
+        yield
+    except tf.errors.OpError as e:
+        raise tf_errors.typed(e) from None
 
 
 def _check_dtype(tensor, what):
@@ -543,8 +557,10 @@ def join(process_set=global_process_set):
         >>> hvd.join()
     """
     basics._require_init()
-    out = _ops().horovod_join(process_set_id=_process_set_id(process_set))
-    return int(out.numpy()) if tf.executing_eagerly() else out
+    if not tf.executing_eagerly():
+        return _ops().horovod_join(process_set_id=_process_set_id(process_set))
+    with _typed_errors():
+        return int(_ops().horovod_join(process_set_id=_process_set_id(process_set)).numpy())
 
 
 def barrier(process_set=global_process_set, name=None):

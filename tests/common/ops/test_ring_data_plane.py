@@ -12,7 +12,7 @@ import sysconfig
 
 import pytest
 
-from support import ROOT, rank_lines, run_rank_suite
+from support import ROOT, missing_tool, rank_lines, run_rank_suite
 
 SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks",
                      "test_ring_collectives.py")
@@ -94,7 +94,7 @@ def ring_test_binary(tmp_path_factory):
     needs (no TensorFlow)."""
     cxx = _mpi_bin("mpicxx")
     if cxx is None:
-        pytest.skip("needs mpicxx (pip install mpich)")
+        missing_tool("mpicxx (pip install mpich)")
     out = tmp_path_factory.mktemp("ring_test")
     core = os.path.join(ROOT, "tf_ops", "common")
     flags = ["-std=c++17", "-O1", "-g", "-Wall"]

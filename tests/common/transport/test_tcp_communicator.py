@@ -6,7 +6,6 @@ rank's listener. Needs neither TensorFlow nor MPI."""
 import os
 import queue
 import random
-import shutil
 import signal
 import subprocess
 import threading
@@ -18,7 +17,7 @@ from support import ROOT, run_sanitized_cpp_test
 from tfring.build.unit_tests import unit_test_sources
 from tfring.runner import wire
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.needs_tool("g++")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ parser. Needs no TensorFlow and no MPI, which is the layering this guards."""
 import glob
 import os
 import random
-import shutil
 import socket
 import subprocess
 import threading
@@ -25,7 +24,7 @@ TCP = os.path.join(ROOT, "tf_ops", "common", "transport", "tcp")
 FLAGS = ["-std=c++17", "-O1", "-g", "-fsanitize=address,undefined",
          "-fno-sanitize-recover=undefined", "-Wall", "-Wextra", "-Werror"]
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.needs_tool("g++")
 
 
 def build(out, program, defines=()):

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfring.tensorflow as hvd
+from tfring.common.exceptions import Cause, TfringError, failure_of
 
 
 @pytest.fixture
@@ -26,20 +27,33 @@ def needs_peers(size):
 multi_rank = pytest.mark.usefixtures("needs_peers")
 
 
-def expect_error(error_type, fn, *fragments):
+def _raised(error_type, fn, *fragments):
     """Calls fn(), which must raise `error_type` with every fragment in its
-    message; returns the message."""
+    message; returns (the exception, its message)."""
     with pytest.raises(error_type) as info:
         fn()
     message = getattr(info.value, "message", None) or str(info.value)
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in: {message}"
+    return info.value, message
+
+
+def expect_error(error_type, fn, *fragments):
+    """Calls fn(), which must raise `error_type` with every fragment in its
+    message; returns the message."""
+    return _raised(error_type, fn, *fragments)[1]
+
+
+def expect_precondition(fn, *fragments, cause=Cause.MISMATCH):
+    """A cross-rank problem: FailedPreconditionError on every rank, whose
+    cause is a mismatch (or `cause`). In eager mode it is tfring's type of
+    it (.cause, .rank); from a tf.function TensorFlow's, whose payload says
+    the same."""
+    error, message = _raised(tf.errors.FailedPreconditionError, fn, *fragments)
+    assert failure_of(error) == (cause, None), message
+    if isinstance(error, TfringError):
+        assert error.cause is cause and error.rank is None
     return message
-
-
-def expect_precondition(fn, *fragments):
-    """A cross-rank problem: FailedPreconditionError on every rank."""
-    return expect_error(tf.errors.FailedPreconditionError, fn, *fragments)
 
 
 def expect_invalid_argument(fn, *fragments):

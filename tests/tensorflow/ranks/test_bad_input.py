@@ -17,6 +17,7 @@ from error_helpers import (Background, check_next_collective, expect_error,
                            needs_peers)  # noqa: F401 - needs_peers is the fixture multi_rank uses
 
 import tfring.tensorflow as hvd
+from tfring.common.exceptions import Cause
 
 
 @pytest.fixture(autouse=True)
@@ -395,6 +396,6 @@ def test_collectives_after_shutdown_then_init_again(rank, size):
     for call in (lambda: hvd.allreduce(ones([1])), lambda: hvd.allgather(ones([1])),
                  lambda: hvd.broadcast(ones([1]), 0), hvd.join, hvd.barrier,
                  lambda: hvd.add_process_set([0])):
-        expect_precondition(call, stopped)
+        expect_precondition(call, stopped, cause=Cause.NOT_INITIALIZED)
     hvd.init()
     assert hvd.is_initialized()

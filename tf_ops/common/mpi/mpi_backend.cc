@@ -14,7 +14,7 @@ Status MPIBackend::Create(MPI_Comm base, std::unique_ptr<MPIBackend>* out) {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized) {
-    return Status::PreconditionError(
+    return Status::Misconfigured(
         "tfring: MPI is not initialised (or already finalised); import mpi4py's MPI before init()");
   }
   int provided = 0;
@@ -22,7 +22,7 @@ Status MPIBackend::Create(MPI_Comm base, std::unique_ptr<MPIBackend>* out) {
   std::unique_ptr<MPIBackend> backend(new MPIBackend());
   backend->threads_supported_ = provided == MPI_THREAD_MULTIPLE;
   if (provided < MPI_THREAD_SERIALIZED) {
-    return Status::PreconditionError(
+    return Status::Misconfigured(
         "tfring: MPI was initialised without thread support (MPI_THREAD_SERIALIZED or better is "
         "needed, because collectives run on a background thread)");
   }

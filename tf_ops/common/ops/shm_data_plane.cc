@@ -200,13 +200,15 @@ class ShmDataPlane : public DataPlane {
   // than left waiting.
   Status Fail(const Status& s) {
     broken_ = s;
-    seg_->Abandon("rank " + std::to_string(rank_) + " failed: " + s.message());
+    seg_->Abandon("rank " + std::to_string(rank_) + " failed: " + s.message(), s.cause(), s.rank());
     return s;
   }
   Status Usable() const {
     if (broken_.ok()) return broken_;
-    return Status::Aborted("tfring: the shared-memory data plane is unusable after an earlier "
-                           "failure: " + broken_.message());
+    return Status::Make(StatusCode::ABORTED, broken_.cause(),
+                        "tfring: the shared-memory data plane is unusable after an earlier "
+                        "failure: " + broken_.message(),
+                        broken_.rank());
   }
 
   std::unique_ptr<ShmSegment> seg_;

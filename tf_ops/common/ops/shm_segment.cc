@@ -21,7 +21,7 @@ namespace tfring {
 namespace {
 
 constexpr uint64_t kMagic = 0x676e697266746673ULL;  // "sftfring"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr int64_t kPage = 4096;
 // Long enough that the peer monitor is asked rarely, short enough that a
 // rank notices a departed or dead peer promptly even if a wake-up was lost.
@@ -91,6 +91,9 @@ struct ShmHeader {
   // `gone` to 1 + its rank: a waiter that sees `gone` can read the reason.
   alignas(128) std::atomic<uint32_t> claimed;
   std::atomic<uint32_t> gone;
+  // The failure that made it give up (a FailureCause, and the rank it names).
+  int32_t cause;
+  int32_t failed_rank;
   char reason[kReasonBytes];
 };
 
@@ -116,7 +119,7 @@ ShmSegment::~ShmSegment() {
   if (base_ == nullptr) return;
   // A forked child that exits normally runs this too; it must not declare
   // its parent's rank gone.
-  if (getpid() == owner_pid_) Abandon("it shut its data plane down");
+  if (getpid() == owner_pid_) Abandon("it shut its data plane down", FailureCause::PEER_FAILURE, -1);
   munmap(base_, mapped_bytes_);
 }
 
@@ -378,19 +381,24 @@ Status ShmSegment::BlockingWait(int peer, uint32_t step) {
 }
 
 Status ShmSegment::AbandonedStatus(int who) const {
-  return Status::Aborted("tfring: rank " + std::to_string(who) +
-                         " left the shared-memory data plane while rank " + std::to_string(rank_) +
-                         " was waiting for it in a collective: " +
-                         std::string(header()->reason, strnlen(header()->reason, kReasonBytes)));
+  const ShmHeader* h = header();
+  return Status::Make(StatusCode::ABORTED, static_cast<FailureCause>(h->cause),
+                      "tfring: rank " + std::to_string(who) +
+                          " left the shared-memory data plane while rank " +
+                          std::to_string(rank_) + " was waiting for it in a collective: " +
+                          std::string(h->reason, strnlen(h->reason, kReasonBytes)),
+                      h->failed_rank);
 }
 
-void ShmSegment::Abandon(const std::string& reason) {
+void ShmSegment::Abandon(const std::string& reason, FailureCause cause, int failed_rank) {
   if (abandoned_ || base_ == nullptr) return;
   abandoned_ = true;
   ShmHeader* h = header();
   uint32_t expected = 0;
   if (h->claimed.compare_exchange_strong(expected, 1)) {
     std::snprintf(h->reason, kReasonBytes, "%s", reason.c_str());
+    h->cause = static_cast<int32_t>(cause);
+    h->failed_rank = failed_rank;
     h->gone.store(static_cast<uint32_t>(rank_) + 1, std::memory_order_release);
   }
   for (int p = 0; p < size_; ++p) FutexWakeAll(&control(p)->seq);

@@ -106,8 +106,10 @@ class ShmSegment {
   // the peer monitor reports a dead peer or a peer has left or given up.
   Status WaitAll(uint32_t step);
   // Tells every peer this rank will not take part any more: a peer waiting
-  // for it fails with `reason` instead of waiting forever. Idempotent.
-  void Abandon(const std::string& reason);
+  // for it fails with `reason` instead of waiting forever, and with the
+  // cause and failed rank of the failure that made this rank give up.
+  // Idempotent.
+  void Abandon(const std::string& reason, FailureCause cause, int failed_rank);
 
  private:
   ShmSegment(int rank, int size, const ShmWaitPolicy& policy,

@@ -78,6 +78,8 @@ static void TestSerialization() {
   RequestList in;
   in.shutdown = true;
   in.shutdown_reason = "bye";
+  in.shutdown_cause = static_cast<int32_t>(FailureCause::TIMEOUT);
+  in.shutdown_rank = 2;
   Request a = Req(1, "grad/a", CollectiveType::ALLTOALL, DataType::BFLOAT16, {3, 5});
   a.splits = {1, 2};
   a.root_rank = 1;
@@ -90,6 +92,7 @@ static void TestSerialization() {
   RequestList out;
   CHECK(ParseRequestList(SerializeRequestList(in), &out).ok());
   CHECK(out.shutdown && out.shutdown_reason == "bye");
+  CHECK(out.shutdown_cause == in.shutdown_cause && out.shutdown_rank == 2);
   CHECK(out.requests.size() == 2 && out.requests[0] == a && out.requests[1] == in.requests[1]);
 
   ResponseList rin;
@@ -101,9 +104,13 @@ static void TestSerialization() {
   r.int_result = 7;
   r.ranks = {0, 2};
   rin.responses = {r};
+  rin.shutdown = true;
+  rin.shutdown_cause = static_cast<int32_t>(FailureCause::SHUTDOWN);
+  rin.shutdown_rank = 1;
   ResponseList rout;
   CHECK(ParseResponseList(SerializeResponseList(rin), &rout).ok());
   CHECK(rout.responses.size() == 1 && rout.responses[0] == r);
+  CHECK(rout.shutdown && rout.shutdown_cause == rin.shutdown_cause && rout.shutdown_rank == 1);
 
   // Truncated or foreign bytes are an error, never a crash.
   std::string bytes = SerializeRequestList(in);
@@ -1177,12 +1184,27 @@ void TestPeerMonitorListener() {
   monitor.set_on_death([&told](int rank) { told.push_back(rank); });
   Status s = monitor.Check();
   CHECK(s.code() == StatusCode::ABORTED);
+  CHECK(s.cause() == FailureCause::PEER_FAILURE && s.rank() == 3);
   CHECK(s.message().find("rank 3 (pid " + std::to_string(child)) != std::string::npos);
   CHECK(monitor.Check().code() == StatusCode::ABORTED);  // the same news, not told again
   CHECK(told == std::vector<int>{3});
 }
 
+// A layer that adds words to a failure keeps what it is.
+void TestStatusKeepsItsCause() {
+  Status s = Status::PeerFailed(2, "rank 2 is gone");
+  Status told = s.WithMessage(s.message() + " (while waiting for x)");
+  CHECK(told.code() == StatusCode::ABORTED && told.cause() == FailureCause::PEER_FAILURE);
+  CHECK(told.rank() == 2 && told.message() == "rank 2 is gone (while waiting for x)");
+  CHECK(Status::Mismatch("m").code() == StatusCode::PRECONDITION_ERROR);
+  CHECK(Status::PreconditionError("m").cause() == FailureCause::MISMATCH);
+  CHECK(Status::NotInitialized("n").cause() == FailureCause::NOT_INITIALIZED);
+  CHECK(Status::Shutdown("s", 1).rank() == 1 && Status::Timeout("t").rank() == -1);
+  CHECK(Status::OK().cause() == FailureCause::NONE);
+}
+
 int main() {
+  TestStatusKeepsItsCause();
   TestPeerMonitorListener();
   TestResponseCache();
   TestCacheWithGroups();

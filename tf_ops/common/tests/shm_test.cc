@@ -703,8 +703,16 @@ int RunFailure(Bus* bus, int rank, int size, const char* how) {
   CHECK(s.message().find("rank") != std::string::npos, "error should name a rank: %s",
         s.message().c_str());
   CHECK(took < 10, "%s noticed only after %.1f s", how, took);
+  // Typed: a peer failure, naming the dead rank (the peer monitor's news,
+  // also when it came through another survivor giving up); a rank that
+  // left names no rank the plane knows.
+  const int named = std::strcmp(how, "leave") == 0 ? -1 : victim;
+  CHECK(s.cause() == FailureCause::PEER_FAILURE && s.rank() == named,
+        "%s: cause %d rank %d: %s", how, int(s.cause()), s.rank(), s.message().c_str());
   s = plane->Broadcast(buf.data(), 16, 0);
   CHECK(s.code() == StatusCode::ABORTED, "a failed plane must stay failed: '%s'", s.message().c_str());
+  CHECK(s.cause() == FailureCause::PEER_FAILURE && s.rank() == named,
+        "a failed plane keeps the failure's cause and rank: '%s'", s.message().c_str());
   if (rank == 0) std::printf("[rank %d] %s: %s (after %.2f s)\n", rank, how, s.message().c_str(), took);
   return g_failures == 0 ? 0 : 1;
 }

@@ -358,6 +358,7 @@ void TestInProcess() {
     Status s = w->Test(req.get(), &done);
     CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank 0 (host thread-host-0)") &&
           Contains(s.message(), "closed its connection"));
+    CHECK(s.cause() == FailureCause::PEER_FAILURE && s.rank() == 0);
   });
   // A peer that leaves in order while this rank waits for it fails the
   // world: the wait ends with ABORTED naming it, not a hang.
@@ -377,6 +378,8 @@ void TestInProcess() {
           Contains(s.message(), "tfring stopped: rank 0 (host thread-host-0) closed its "
                                 "connection in the middle of an exchange") &&
           Contains(s.message(), "while waiting for a message rank 0 never sends"));
+    // Naming the step keeps the failure's cause and rank.
+    CHECK(s.cause() == FailureCause::PEER_FAILURE && s.rank() == 0);
     CHECK(never == std::string(8, 'x'));
   });
   // Rank 0 learns from its peer monitor that rank 2's process is gone and
@@ -399,6 +402,7 @@ void TestInProcess() {
     if (r == 1) {
       CHECK(Contains(s.message(), "tfring stopped: rank 2 (host thread-host-2) has exited or "
                                   "was killed (reported by rank 0)"));
+      CHECK(s.cause() == FailureCause::PEER_FAILURE && s.rank() == 2);
     }
   });
   // A world of one rank works (self messages, collectives).
@@ -423,12 +427,14 @@ void TestInProcess() {
   std::vector<TcpPeer> two = {{l->address(), "h0"}, {"127.0.0.1:1", "h1"}};
   s = ConnectTcpWorld(0, two, std::move(l), quick, &w);
   CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "rank(s) 1"));
+  CHECK(s.cause() == FailureCause::TIMEOUT);
   // And a rank that cannot reach a lower one names it, its host and address.
   CHECK(TcpListener::Open("127.0.0.1", 0, &l).ok());
   two = {{"127.0.0.1:1", "h0"}, {l->address(), "h1"}};
   s = ConnectTcpWorld(1, two, std::move(l), quick, &w);
   CHECK(s.code() == StatusCode::ABORTED &&
         Contains(s.message(), "could not connect to rank 0 (host h0, 127.0.0.1:1)"));
+  CHECK(s.cause() == FailureCause::PEER_FAILURE && s.rank() == 0);
   CHECK(w == nullptr);
 }
 

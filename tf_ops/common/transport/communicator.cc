@@ -85,7 +85,7 @@ Status Communicator::Wait(CommRequest* req, const char* what, bool spin) {
     if (!s.ok()) {
       // The transport names the peer and the cause; the caller names the step.
       if (s.code() != StatusCode::ABORTED || what == nullptr || what[0] == '\0') return s;
-      return Status::Aborted(s.message() + " (while waiting for " + what + ")");
+      return s.WithMessage(s.message() + " (while waiting for " + what + ")");
     }
     if (done) {
       if (spin_first && can_block) {

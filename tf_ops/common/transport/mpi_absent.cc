@@ -8,7 +8,7 @@
 namespace tfring {
 
 Status InitializeMPI(int64_t) {
-  return Status::PreconditionError(
+  return Status::Misconfigured(
       "tfring: this library was built without MPI (TFRING_WITH_MPI=0), so it cannot start "
       "over an MPI communicator; use the TCP controller (tfringrun --tcp, "
       "TFRING_CONTROLLER=tcp) or rebuild with TFRING_WITH_MPI=1.");

@@ -20,7 +20,7 @@ namespace tcp {
 void World::PeerLeft(int peer) {
   Conn& c = conns_[size_t(peer)];
   c.goodbye = true;
-  c.gone = Status::Aborted("tfring stopped: " + Who(peer) + " closed its connection");
+  c.gone = Status::PeerFailed(peer, "tfring stopped: " + Who(peer) + " closed its connection");
   if (HasPendingWith(peer)) {
     // It left while this rank still needed it: the job cannot go on.
     Fail(peer, PeerFailure::LEFT, "");
@@ -65,9 +65,9 @@ void World::Fail(int peer, PeerFailure cause, const std::string& detail, int rep
     case PeerFailure::PROTOCOL: what = "sent a malformed frame: " + detail; break;
     case PeerFailure::IO: what = "connection failed: " + detail; break;
   }
-  abort_ = Status::Aborted("tfring stopped: " + Who(peer) + " " + what +
-                           (reporter >= 0 ? " (reported by rank " + std::to_string(reporter) + ")"
-                                          : ""));
+  abort_ = Status::PeerFailed(
+      peer, "tfring stopped: " + Who(peer) + " " + what +
+                (reporter >= 0 ? " (reported by rank " + std::to_string(reporter) + ")" : ""));
   // The other ranks learn the first cause from here rather than later from
   // this rank going quiet, and fail now rather than after their own timeout.
   if (reporter < 0) NotifyOthers(peer, cause, detail);

@@ -185,7 +185,7 @@ Status ConnectMesh(int rank, const std::vector<TcpPeer>& peers,
     Socket s;
     WireStatus ws = ConnectPeer(rank, p, peers[size_t(p)], size, options.secret, deadline, &s);
     if (!ws.ok()) {
-      return Status::Aborted("tfring: rank " + std::to_string(rank) +
+      return Status::PeerFailed(p, "tfring: rank " + std::to_string(rank) +
                              " could not connect to rank " + std::to_string(p) + " (host " +
                              peers[size_t(p)].host + ", " + peers[size_t(p)].addr +
                              "): " + ws.message() + " (" +
@@ -207,7 +207,7 @@ Status ConnectMesh(int rank, const std::vector<TcpPeer>& peers,
       for (int p = rank + 1; p < size; ++p) {
         if (!have[size_t(p)]) who += (who.empty() ? "" : ", ") + std::to_string(p);
       }
-      return Status::Aborted("tfring: rank " + std::to_string(rank) + " timed out after " +
+      return Status::Timeout("tfring: rank " + std::to_string(rank) + " timed out after " +
                              Seconds(options.connect_timeout) +
                              " s waiting for rank(s) " + who + " to connect");
     }

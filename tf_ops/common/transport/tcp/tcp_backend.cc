@@ -26,10 +26,10 @@ namespace {
 std::atomic<int> g_generation{0};
 
 Status Missing(const char* what, const char* variable) {
-  return Status::PreconditionError(std::string("tfring: the TCP controller needs ") + what +
-                                   " (" + variable +
-                                   "). tfringrun --tcp sets it; when starting ranks yourself, "
-                                   "export it in every rank (see docs/running.md).");
+  return Status::Misconfigured(std::string("tfring: the TCP controller needs ") + what +
+                               " (" + variable +
+                               "). tfringrun --tcp sets it; when starting ranks yourself, "
+                               "export it in every rank (see docs/running.md).");
 }
 
 // The host name this rank registers under: TFRING_HOSTNAME when set (a
@@ -38,16 +38,16 @@ Status RegistrationHost(const Config& config, std::string* host) {
   char real[256] = {0};
   gethostname(real, sizeof(real) - 1);
   if (config.hostname.find(',') != std::string::npos && config.rank_hint < 0) {
-    return Status::PreconditionError(
+    return Status::Misconfigured(
         "tfring: TFRING_HOSTNAME is a list of names by rank, but under the TCP controller a "
         "rank learns its rank only after registering; give each rank its own name, or set "
         "TFRING_RANK to the rank it should take");
   }
   *host = config.HostnameFor(config.rank_hint, real);
   if (host->empty() || host->find_first_of("\n=/") != std::string::npos) {
-    return Status::PreconditionError("tfring: host name '" + *host +
-                                     "' cannot be registered: it is empty or contains "
-                                     "a newline, '=' or '/'");
+    return Status::Misconfigured("tfring: host name '" + *host +
+                                 "' cannot be registered: it is empty or contains "
+                                 "a newline, '=' or '/'");
   }
   return Status::OK();
 }
@@ -68,7 +68,7 @@ Status TcpBackend::Create(const Config& config, std::unique_ptr<TcpBackend>* out
   if (config.size <= 0) return Missing("the number of ranks", "TFRING_SIZE");
   std::string secret;
   tcp::WireStatus ws = tcp::DecodeSecretHex(config.secret_hex, &secret);
-  if (!ws.ok()) return Status::PreconditionError("tfring: TFRING_SECRET: " + ws.message());
+  if (!ws.ok()) return Status::Misconfigured("tfring: TFRING_SECRET: " + ws.message());
   std::string host;
   TFRING_RETURN_IF_ERROR(RegistrationHost(config, &host));
 
@@ -93,8 +93,8 @@ Status TcpBackend::Create(const Config& config, std::unique_ptr<TcpBackend>* out
   // elastically and then not numbers its scopes like its peers.
   const int generation = g_generation.fetch_add(1);
   if (config.rendezvous_scope.size() > 256) {
-    return Status::PreconditionError("tfring: TFRING_RENDEZVOUS_SCOPE is longer than the "
-                                     "store's 256-byte scope limit");
+    return Status::Misconfigured("tfring: TFRING_RENDEZVOUS_SCOPE is longer than the "
+                                 "store's 256-byte scope limit");
   }
   const std::string scope = config.rendezvous_scope.empty()
                                 ? "job/" + std::to_string(generation)
@@ -123,33 +123,33 @@ Status TcpBackend::Create(const Config& config, std::unique_ptr<TcpBackend>* out
   const std::string key = "reg/" + host + "/" + std::to_string(reg.slot);
   ws = store.Set(scope, key, tcp::EncodeRegistration(reg), /*exclusive=*/true);
   if (ws.cause() == tcp::WireCause::INVALID_ARGUMENT) {
-    return Status::PreconditionError("tfring: slot " + std::to_string(reg.slot) + " on host " +
-                                     host + " is already taken by another rank of this job "
-                                     "(two ranks with the same TFRING_LOCAL_SLOT?)");
+    return Status::Misconfigured("tfring: slot " + std::to_string(reg.slot) + " on host " +
+                                 host + " is already taken by another rank of this job "
+                                 "(two ranks with the same TFRING_LOCAL_SLOT?)");
   }
   TFRING_RETURN_IF_ERROR(FromWire(ws, "cannot register"));
   std::vector<std::pair<std::string, std::string>> entries;
   ws = store.WaitPrefix(scope, "reg/", static_cast<uint32_t>(config.size), timeout, &entries);
   if (ws.cause() == tcp::WireCause::TIMEOUT) {
-    return Status::Aborted("tfring: only some of the " + std::to_string(config.size) +
+    return Status::Timeout("tfring: only some of the " + std::to_string(config.size) +
                            " ranks registered within " + std::to_string(static_cast<int>(timeout)) +
                            " s (TFRING_START_TIMEOUT): " + ws.message());
   }
   TFRING_RETURN_IF_ERROR(FromWire(ws, "waiting for the other ranks"));
   store.Close();
   if (static_cast<int>(entries.size()) != config.size) {
-    return Status::PreconditionError(
+    return Status::Misconfigured(
         "tfring: " + std::to_string(entries.size()) + " ranks registered, but TFRING_SIZE is " +
         std::to_string(config.size) + "; every rank must be given the same size");
   }
   std::vector<tcp::Registration> regs(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     ws = tcp::DecodeRegistration(entries[i].second, entries[i].first, &regs[i]);
-    if (!ws.ok()) return Status::PreconditionError("tfring: " + ws.message());
+    if (!ws.ok()) return Status::Misconfigured("tfring: " + ws.message());
   }
   std::vector<tcp::RankInfo> ranks;
   ws = tcp::DeriveTopology(regs, &ranks);
-  if (!ws.ok()) return Status::PreconditionError("tfring: " + ws.message());
+  if (!ws.ok()) return Status::Misconfigured("tfring: " + ws.message());
   int me = -1;
   std::vector<tcp::TcpPeer> peers(ranks.size());
   for (const tcp::RankInfo& info : ranks) {
