@@ -6,12 +6,9 @@ of the same name is ``*_async(...).wait()``. The collective's arguments are
 checked by the core (on this rank, then across ranks during negotiation),
 not here: this layer only describes arrays and makes outputs.
 """
-import itertools
-import threading
-
 import numpy as np
 
-from tfring.core import arrays, errors
+from tfring.core import arrays, errors, names
 from tfring.core.lifecycle import _require_init
 from tfring.core.process_sets import process_set_id as _process_set_id
 
@@ -21,19 +18,8 @@ Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER = 0, 1, 2, 3, 4
 _KINDS = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter"]
 
-_names_lock = threading.Lock()
-_counters = {}
-
-
 def _auto_name(kind, process_set):
-    """"<kind>.noname.<n>", counted per process set: the same on every
-    member that makes the same calls in that set in the same order (names
-    are how ranks match their collectives; a rank outside a set makes none
-    of its calls, so one count for all sets would drift apart)."""
-    ps_id = _process_set_id(process_set)
-    with _names_lock:
-        counter = _counters.setdefault((kind, ps_id), itertools.count())
-        return f"{kind}.noname.{next(counter)}"
+    return names.auto_name(kind, _process_set_id(process_set))
 
 
 class Handle:

@@ -11,7 +11,7 @@ import numbers
 import types
 
 from tfring.common import process_sets as _sets
-from tfring.core import errors, lifecycle
+from tfring.core import errors, lifecycle, names
 
 _BINDING = types.SimpleNamespace(_core=lifecycle._core, raise_for_status=errors.raise_for_status,
                                  _require_init=lifecycle._require_init)
@@ -37,7 +37,11 @@ def add_process_set(process_set):
             range.
         ValueError: the set is registered already.
     """
-    return _sets.add_process_set(process_set, _BINDING)
+    process_set = _sets.add_process_set(process_set, _BINDING)
+    # Its calls are counted from 0 on every rank, whatever an earlier set
+    # with the same id counted.
+    names.forget(process_set.process_set_id)
+    return process_set
 
 
 def remove_process_set(process_set):
