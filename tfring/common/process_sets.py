@@ -3,6 +3,11 @@
 Adding or removing a set is collective: every rank of the job must make the
 same call in the same order, members or not, so that all of them agree on
 the new set's id.
+
+A set belongs to the binding whose core registered it: ``binding`` is a
+module or object with ``_core()``, ``raise_for_status(code, message, cause, rank)`` and
+``_require_init()``. The default is tfring.common.status (TensorFlow's);
+tfring.core passes its own, so that nothing here imports TensorFlow for it.
 """
 from tfring.common import status
 
@@ -30,15 +35,18 @@ class ProcessSet:
             ranks = ranks_or_comm
         self.ranks = sorted(int(r) for r in ranks)
         self.process_set_id = None
+        self._binding = status
 
     def _info(self):
         if self.process_set_id is None:
             raise ValueError(
                 f"{self!r} has not been registered; call hvd.add_process_set() on every rank "
                 "first (or pass it to hvd.init(process_sets=[...])).")
-        status._require_init()
+        self._binding._require_init()
         registered_id(self)
-        rank, ranks = status._check(status._core().process_set_info(self.process_set_id))
+        code, message, cause, rank_of, rank, ranks = self._binding._core().process_set_info(
+            self.process_set_id)
+        self._binding.raise_for_status(code, message, cause, rank_of)
         return rank, ranks
 
     def size(self):
@@ -60,9 +68,10 @@ class ProcessSet:
 class _GlobalProcessSet(ProcessSet):
     """Every rank of the job (id 0); always registered."""
 
-    def __init__(self):
+    def __init__(self, binding=status):
         super().__init__([])
         self.process_set_id = 0
+        self._binding = binding
 
     def _info(self):
         rank, ranks = super()._info()
@@ -85,18 +94,19 @@ def registered_id(process_set):
         raise ValueError(f"{process_set!r} is not registered; call hvd.add_process_set() first.")
     # The global set always exists while tfring runs; other ids are checked
     # against the core's table, so a stale id fails here and not in the kernel.
-    if ps_id != 0 and ps_id not in status._core().process_set_ids():
+    if ps_id != 0 and ps_id not in process_set._binding._core().process_set_ids():
         raise ValueError(
             f"{process_set!r} is not registered: this job has no process set with id {ps_id} "
             "(it was removed, or never added with hvd.add_process_set() on every rank).")
     return ps_id
 
 
-def add_process_set(process_set):
+def add_process_set(process_set, binding=status):
     """Registers a process set on every rank (collective over the whole job).
 
     Args:
         process_set: a ProcessSet, a list of ranks, or an mpi4py communicator.
+        binding: whose core registers it (see the module docstring).
 
     Returns:
         The registered ProcessSet, with its process_set_id set.
@@ -109,8 +119,11 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set!r} is already registered.")
-    (new_id,) = status._check(status._core().add_process_set(list(process_set.ranks)))
+    code, message, cause, rank, new_id = binding._core().add_process_set(
+        list(process_set.ranks))
+    binding.raise_for_status(code, message, cause, rank)
     process_set.process_set_id = new_id
+    process_set._binding = binding
     return process_set
 
 
@@ -118,7 +131,7 @@ def remove_process_set(process_set):
     """Removes a registered set on every rank (collective). Returns True if it was removed."""
     if process_set.process_set_id in (None, 0):
         return False
-    code = status._core().remove_process_set(process_set.process_set_id)[0]
+    code = process_set._binding._core().remove_process_set(process_set.process_set_id)[0]
     if code != 0:
         return False
     process_set.process_set_id = None

@@ -20,6 +20,8 @@ from tfring.core.errors import (AbortedError, CoreError, InvalidArgumentError,  
 from tfring.core.lifecycle import (cross_rank, cross_size, gpu_built,  # noqa: F401
                                    host_staging_copies, init, is_initialized, local_rank,
                                    local_size, mpi_built, nccl_built, rank, shutdown, size)
+from tfring.core.process_sets import (ProcessSet, add_process_set,  # noqa: F401
+                                      global_process_set, remove_process_set)
 from tfring.core.ops import (Adasum, Average, Handle, Max, Min, Product, Sum,  # noqa: F401
                              allgather, allgather_async, allreduce, allreduce_async, alltoall,
                              alltoall_async, barrier, broadcast, broadcast_async,

@@ -3,7 +3,7 @@ module. The choice of controller (MPI or TCP, from the environment that
 tfringrun sets) and the exit hook are tfring.common.startup's, shared with
 the TensorFlow binding."""
 from tfring.common import startup
-from tfring.core import _module, errors
+from tfring.core import _module, errors, names
 
 
 def _core():
@@ -54,6 +54,7 @@ def init(comm=None):
         >>> hvd.rank(), hvd.size()
     """
     _lifecycle.start(comm)
+    names.forget()
 
 
 def shutdown():

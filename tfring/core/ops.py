@@ -6,40 +6,20 @@ of the same name is ``*_async(...).wait()``. The collective's arguments are
 checked by the core (on this rank, then across ranks during negotiation),
 not here: this layer only describes arrays and makes outputs.
 """
-import itertools
-import threading
-
 import numpy as np
 
-from tfring.core import arrays, errors
+from tfring.core import arrays, errors, names
 from tfring.core.lifecycle import _require_init
+from tfring.core.process_sets import process_set_id as _process_set_id
 
 # Reduce ops, numbered as the core (and Horovod) number them.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 # Collective codes (tf_ops/common/common.h, CollectiveType).
 _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER = 0, 1, 2, 3, 4
+_KINDS = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter"]
 
-_names_lock = threading.Lock()
-_counters = {}
-
-
-def _auto_name(kind):
-    """"<kind>.noname.<n>": the same on every rank that makes the same calls
-    in the same order (names are how ranks match their collectives)."""
-    with _names_lock:
-        counter = _counters.setdefault(kind, itertools.count())
-        return f"{kind}.noname.{next(counter)}"
-
-
-def _process_set_id(process_set):
-    if process_set is None:
-        return 0
-    if isinstance(process_set, (int, np.integer)):
-        return int(process_set)
-    ps_id = getattr(process_set, "process_set_id", None)
-    if ps_id is None:
-        raise ValueError(f"{process_set!r} is not a registered process set (no process_set_id)")
-    return int(ps_id)
+def _auto_name(kind, process_set):
+    return names.auto_name(kind, _process_set_id(process_set))
 
 
 class Handle:
@@ -104,8 +84,10 @@ def synchronize(handle):
 def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1.0,
             postscale=1.0, root_rank=0, splits=None):
     """Enqueues ``xs`` (one call); returns (PendingCall, adapted inputs,
-    outputs made now, outputs made on negotiation)."""
+    outputs made now, outputs made on negotiation). ``name`` None: one
+    numbered in call order."""
     core = _require_init()
+    name = name or _auto_name(("grouped_" if grouped else "") + _KINDS[collective], process_set)
     adapted = [arrays.adapt(x) for x in xs]
     devices = {a.device for a in adapted}
     if len(devices) > 1:
@@ -146,7 +128,7 @@ def _outputs(adapted, made):
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=None):
     """Starts an allreduce; see :func:`allreduce`. Returns a :class:`Handle`."""
-    call, adapted, fixed, _ = _submit(_ALLREDUCE, [tensor], name or _auto_name("allreduce"),
+    call, adapted, fixed, _ = _submit(_ALLREDUCE, [tensor], name,
                                       process_set, op=op, prescale=prescale_factor,
                                       postscale=postscale_factor)
     return Handle(call, lambda c: _outputs(adapted, fixed)[0])
@@ -164,8 +146,8 @@ def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fact
             numbered in call order).
         prescale_factor: multiplies each rank's input before the reduction.
         postscale_factor: multiplies the result.
-        process_set: a registered process set (object with
-            ``process_set_id``) or its id; default: every rank.
+        process_set: a ProcessSet from add_process_set(), or its id;
+            default (None or global_process_set): every rank.
 
     Returns:
         A new array of the caller's kind, dtype and device with the result.
@@ -191,7 +173,7 @@ def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
     """Starts a grouped allreduce; see :func:`grouped_allreduce`."""
     tensors = list(tensors)
     call, adapted, fixed, _ = _submit(_ALLREDUCE, tensors,
-                                      name or _auto_name("grouped_allreduce"), process_set,
+                                      name, process_set,
                                       grouped=True, op=op, prescale=prescale_factor,
                                       postscale=postscale_factor)
     return Handle(call, lambda c: _outputs(adapted, fixed))
@@ -223,7 +205,7 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
 
 def allgather_async(tensor, name=None, process_set=None):
     """Starts an allgather; see :func:`allgather`."""
-    call, adapted, _, late = _submit(_ALLGATHER, [tensor], name or _auto_name("allgather"),
+    call, adapted, _, late = _submit(_ALLGATHER, [tensor], name,
                                      process_set)
     return Handle(call, lambda c: _outputs(adapted, late)[0])
 
@@ -251,7 +233,7 @@ def allgather(tensor, name=None, process_set=None):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts a broadcast; see :func:`broadcast`."""
-    call, adapted, fixed, _ = _submit(_BROADCAST, [tensor], name or _auto_name("broadcast"),
+    call, adapted, fixed, _ = _submit(_BROADCAST, [tensor], name,
                                       process_set, root_rank=root_rank)
     return Handle(call, lambda c: _outputs(adapted, fixed)[0])
 
@@ -279,7 +261,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Starts an alltoall; see :func:`alltoall`."""
-    call, adapted, _, late = _submit(_ALLTOALL, [tensor], name or _auto_name("alltoall"),
+    call, adapted, _, late = _submit(_ALLTOALL, [tensor], name,
                                      process_set, splits=splits)
 
     def result(c):
@@ -321,7 +303,7 @@ def reducescatter_async(tensor, op=Average, name=None, process_set=None,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; see :func:`reducescatter`."""
     call, adapted, _, late = _submit(_REDUCESCATTER, [tensor],
-                                     name or _auto_name("reducescatter"), process_set, op=op,
+                                     name, process_set, op=op,
                                      prescale=prescale_factor, postscale=postscale_factor)
     return Handle(call, lambda c: _outputs(adapted, late)[0])
 
@@ -361,8 +343,8 @@ def barrier(process_set=None):
     Example:
         >>> hvd.barrier()
     """
-    Handle(_require_init().barrier(_process_set_id(process_set), _auto_name("barrier")),
-           lambda c: None).wait()
+    name = _auto_name("barrier", process_set)
+    Handle(_require_init().barrier(_process_set_id(process_set), name), lambda c: None).wait()
 
 
 def join(process_set=None):

@@ -8,7 +8,8 @@ import rank_fixtures
 
 # The shared fixtures start tfring.core here, not tfring.tensorflow.
 rank_fixtures.BINDING = "tfring.core"
-from rank_fixtures import initialized, rank, size  # noqa: E402,F401
+from rank_fixtures import (initialized, partial_set, rank, set_without_rank_0,  # noqa: E402,F401
+                           size)
 
 
 @pytest.fixture
