@@ -1,4 +1,4 @@
-"""Rank script for tests/core/test_faults.py (no TensorFlow):
+"""Rank script for tests/core/test_core_faults.py (no TensorFlow):
 
     tfringrun -np N python tests/core/dead_peer_worker.py VICTIM
 

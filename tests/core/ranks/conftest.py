@@ -1,6 +1,6 @@
 """Fixtures for tests/core/ranks/, which run inside every rank of a
 tfringrun job (collected only with TFRING_RANK_TESTS=1; tests/core/
-test_ranks.py launches them). Every rank runs the same tests in the same
+test_core_ranks.py launches them). Every rank runs the same tests in the same
 order, so their collectives line up. Nothing here imports TensorFlow."""
 import pytest
 
