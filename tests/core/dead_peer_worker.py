@@ -4,7 +4,7 @@
 
 After a warm-up allreduce, rank VICTIM kills itself (SIGKILL) while the
 others wait in a collective it never submits. Each survivor prints one line,
-``RESULT <rank> <exception type> <code> <is HorovodInternalError> <message>``,
+``RESULT <rank> <exception type> <code> <is HorovodInternalError> <cause> <failing rank> <message>``,
 and another for a later collective, which must fail at once the same way.
 """
 import os
@@ -29,7 +29,7 @@ def report(tag, call):
     except hvd.CoreError as e:
         line = " ".join(str(e).split())
         print("RESULT", hvd.rank(), tag, type(e).__name__, e.code,
-              isinstance(e, hvd.HorovodInternalError), line, flush=True)
+              isinstance(e, hvd.HorovodInternalError), e.cause, e.rank, line, flush=True)
     else:
         print("RESULT", hvd.rank(), tag, "NO_ERROR", flush=True)
 

@@ -26,7 +26,8 @@ def test_killed_rank_is_named_and_nothing_hangs(np_, victim, controller, core_mo
             got = reports.get((rank, tag))
             assert got is not None, (
                 f"rank {rank} reported nothing ({tag}):\n{result.stdout[-5000:]}")
-            kind, code, internal, message = got.split(" ", 3)
+            kind, code, internal, cause, failed, message = got.split(" ", 5)
             assert kind == "AbortedError" and code == "3" and internal == "True", got
+            assert cause == "peer_failure" and failed == str(victim), got
             assert f"rank {victim}" in message, got
     assert not any(r == victim for r, _ in reports), "the victim outlived its death"
