@@ -39,6 +39,7 @@ import sys
 # compile to nothing unless TFRING_WITH_NCCL is defined, so the CPU build's
 # source glob needs no exclusion list.
 GPU_CXX_SOURCES = [
+    "tf_ops/common/ops/nccl_communicators.cc",
     "tf_ops/common/ops/nccl_data_plane.cc",
     "tf_ops/common/ops/gpu_executor.cc",
     "tf_ops/common/ops/cuda/cuda_nccl_api.cc",

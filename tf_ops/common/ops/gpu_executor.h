@@ -20,7 +20,7 @@
 
 #include "../executor.h"
 #include "nccl_api.h"
-#include "nccl_data_plane.h"
+#include "nccl_communicators.h"
 
 namespace tfring {
 
