@@ -28,9 +28,9 @@
 // communicators split from it, whatever the transport.
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "../logging.h"
+#include "host_layout.h"
 #include "ring_data_plane.h"
 #include "shm_data_plane.h"
 
@@ -89,10 +89,7 @@ Status HierarchicalDataPlane::Allreduce(const void* input, void* output, int64_t
   char* out = static_cast<char*>(output);
   // Share l of the buffer belongs to lane l; local ranks beyond the lanes get
   // nothing. Every rank of the set computes the same shares.
-  std::vector<int64_t> counts(local_size_, 0);
-  for (int l = 0; l < lanes_ && l < local_size_; ++l) {
-    counts[l] = count / lanes_ + (l < count % lanes_ ? 1 : 0);
-  }
+  const std::vector<int64_t> counts = LaneShares(count, lanes_, local_size_);
   const int64_t mine = counts[local_rank_];
 
   if (local_ == nullptr) {
@@ -127,24 +124,9 @@ Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
                                    std::to_string(hosts.size()) + " host names for " +
                                    std::to_string(n) + " ranks");
   }
-  // Hosts numbered in order of first appearance; every rank computes the
-  // same numbering from the same list.
-  std::map<std::string, int> index;
-  std::vector<int> host_of(n), ranks_on(0);
-  for (int i = 0; i < n; ++i) {
-    auto it = index.find(hosts[i]);
-    if (it == index.end()) {
-      it = index.emplace(hosts[i], static_cast<int>(ranks_on.size())).first;
-      ranks_on.push_back(0);
-    }
-    host_of[i] = it->second;
-    ++ranks_on[it->second];
-  }
-  const int my_host = host_of[rank];
-  int local_rank = 0;
-  for (int i = 0; i < rank; ++i) local_rank += host_of[i] == my_host ? 1 : 0;
-  const int local_size = ranks_on[my_host];
-  const int lanes = *std::min_element(ranks_on.begin(), ranks_on.end());
+  const HostLayout layout = LayOutHosts(hosts, rank);
+  const int my_host = layout.host, local_rank = layout.local_rank;
+  const int local_size = layout.local_size, lanes = layout.lanes;
 
   std::unique_ptr<HierarchicalDataPlane> plane(new HierarchicalDataPlane());
   plane->local_rank_ = local_rank;
@@ -194,7 +176,7 @@ Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
     }
   }
   TFRING_LOG(DEBUG) << "hierarchical data plane: rank " << rank << " of " << n << ", host "
-                    << my_host << " of " << ranks_on.size() << ", local rank " << local_rank
+                    << my_host << " of " << layout.hosts << ", local rank " << local_rank
                     << " of " << local_size << ", " << lanes << " cross-host lane(s), intra-host "
                     << intra;
   *out = std::move(plane);
