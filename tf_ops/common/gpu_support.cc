@@ -44,12 +44,11 @@ Status RecordReadyEvent(int32_t device, void* stream, std::shared_ptr<DeviceEven
   return s.record_ready_event(device, stream, out);
 }
 
-Status MakeGpuPlane(int rank, int size, const std::vector<std::string>& hosts,
-                    const Config& config, DataPlane* host, std::unique_ptr<DataPlane>* out) {
+Status MakeGpuPlane(const GpuPlaneRequest& request, std::unique_ptr<DataPlane>* out) {
   out->reset();
   GpuSupport s = Current();
   if (!s.make_plane) return Status::OK();
-  return s.make_plane(rank, size, hosts, config, host, out);
+  return s.make_plane(request, out);
 }
 
 void AbortGpuWork(const std::string& reason) {

@@ -57,8 +57,15 @@ std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& co
   // staged through the host planes.
   std::unique_ptr<DataPlane> gpu;
   if (!hosts.empty()) {
-    Status s = MakeGpuPlane(comm->rank(), comm->size(), hosts, config,
-                            fallback.get(), &gpu);
+    GpuPlaneRequest request;
+    request.comm = comm;
+    request.hosts = hosts;
+    request.config = &config;
+    request.host = fallback.get();
+    request.make_host_plane = [](std::shared_ptr<Communicator> c, std::unique_ptr<DataPlane>* p) {
+      return CreateRingDataPlane(std::move(c), p);
+    };
+    Status s = MakeGpuPlane(request, &gpu);
     if (!s.ok()) {
       TFRING_LOG(WARNING) << "GPU data plane unavailable, GPU tensors are staged through the "
                           << fallback->name() << " plane: " << s.message();

@@ -11,6 +11,7 @@
 #include "../../executor.h"
 #include "../../gpu_support.h"
 #include "../../logging.h"
+#include "../../transport/communicator.h"
 #include "../gpu_executor.h"
 #include "../nccl_data_plane.h"
 #include "cuda_nccl_api.h"
@@ -94,9 +95,12 @@ BroadcastBytesFn BroadcastOver(DataPlane* host) {
   };
 }
 
-Status MakePlane(int rank, int size, const std::vector<std::string>& hosts, const Config& config,
-                 DataPlane* host, std::unique_ptr<DataPlane>* out) {
+Status MakePlane(const GpuPlaneRequest& request, std::unique_ptr<DataPlane>* out) {
   out->reset();
+  const Config& config = *request.config;
+  const std::vector<std::string>& hosts = request.hosts;
+  DataPlane* host = request.host;
+  const int rank = request.comm->rank(), size = request.comm->size();
   if (config.gpu_operations == "host") return Status::OK();
   GpuGlobals& g = G();
   // NCCL refuses two ranks on one GPU: it is used when every rank on each
