@@ -24,7 +24,8 @@ def test_nccl_plane_unit_tests(tmp_path):
 def test_cpu_library_leaves_the_gpu_code_out():
     """The GPU files sit in the library's source glob; without
     TFRING_WITH_NCCL they must compile to nothing (no nccl.h, no symbols)."""
-    for rel in ("ops/nccl_communicators.cc", "ops/nccl_data_plane.cc", "ops/gpu_executor.cc", "ops/cuda/cuda_nccl_api.cc",
+    for rel in ("ops/nccl_communicators.cc", "ops/nccl_data_plane.cc", "ops/gpu_executor.cc",
+                "ops/hierarchical_gpu_data_plane.cc", "ops/cuda/cuda_nccl_api.cc",
                 "ops/cuda/gpu_setup.cc"):
         with open(os.path.join(CORE, rel)) as f:
             text = f.read()

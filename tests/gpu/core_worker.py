@@ -8,6 +8,9 @@ Checks:
   collectives  every collective x dtype x op x scale factors, fused groups,
                a ready event on a side stream; at np=1 also that no tensor
                left the GPU (the host-staging copy counter stays 0)
+  hierarchical allreduce x dtype x op x scale factors with fake hosts and
+               TFRING_HIERARCHICAL_ALLREDUCE=1: NCCL within each host, the
+               host ring across them
   kill         rank 1 dies while the others wait in a GPU collective: each
                survivor's error names it
   train        plain SGD on a small MLP (CuPy), averaged gradients, against
@@ -91,6 +94,52 @@ def check_close(got, want, dtype, what):
     return worst
 
 
+def check_allreduces(dtype, opname, n, worst):
+    """Allreduce of `n` elements with every pair of scale factors; returns
+    the number of checks and keeps each dtype's worst relative error."""
+    rank, size = hvd.rank(), hvd.size()
+    checks = 0
+    for pre, post in SCALES:
+        if dtype == "uint8" and (pre, post) != (1.0, 1.0):
+            continue
+        x = cp.asarray(values(dtype, n, rank))
+        y = hvd.allreduce(x, op=OPS[opname], prescale_factor=pre, postscale_factor=post,
+                          name=f"ar.{n}.{dtype}.{opname}.{pre}.{post}")
+        assert isinstance(y, cp.ndarray) and y.dtype == x.dtype and y.shape == x.shape
+        want = expected(dtype, n, size, opname, pre, post)
+        w = check_close(cp.asnumpy(y), want, dtype, f"allreduce of {n} {opname} {dtype} "
+                        f"pre {pre} post {post}")
+        worst[dtype] = max(worst.get(dtype, 0.0), w)
+        assert cp.array_equal(x, cp.asarray(values(dtype, n, rank))), "input changed"
+        checks += 1
+    return checks
+
+
+def check_hierarchical():
+    """Allreduce only (the hierarchical plane's own collective; the others
+    take NCCL over the whole set, which one GPU cannot hold for two ranks):
+    every dtype x op x scale pair, at sizes that give each rank an empty,
+    an uneven and a large share, and a fused group."""
+    rank, size = hvd.rank(), hvd.size()
+    cp.cuda.Device(0).use()
+    copies_before = hvd.host_staging_copies()
+    checks, worst = 0, {}
+    for n in (1, 1001):
+        for dtype in DTYPES:
+            for opname in OPS:
+                checks += check_allreduces(dtype, opname, n, worst)
+    for opname in ("Sum", "Average"):
+        checks += check_allreduces("float32", opname, 4 << 20, worst)  # 16 MB
+    xs = [cp.asarray(values("float32", c, rank, seed=i)) for i, c in enumerate([3, 1000, 4097])]
+    ys = hvd.grouped_allreduce(xs, op=hvd.Sum, name="group.hierarchical")
+    for i, (c, y) in enumerate(zip([3, 1000, 4097], ys)):
+        check_close(cp.asnumpy(y), expected("float32", c, size, "Sum", 1.0, 1.0, seed=i),
+                    "float32", f"grouped allreduce tensor {i}")
+    checks += 1
+    report(rank=rank, size=size, check="hierarchical", checks=checks,
+           host_copies=hvd.host_staging_copies() - copies_before, worst_relative_error=worst)
+
+
 def check_collectives():
     rank, size = hvd.rank(), hvd.size()
     cp.cuda.Device(hvd.local_rank() % cp.cuda.runtime.getDeviceCount()).use()
@@ -99,19 +148,7 @@ def check_collectives():
     n = 1001
     for dtype in DTYPES:
         for opname, op in OPS.items():
-            for pre, post in SCALES:
-                if dtype == "uint8" and (pre, post) != (1.0, 1.0):
-                    continue
-                x = cp.asarray(values(dtype, n, rank))
-                y = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post,
-                                  name=f"ar.{dtype}.{opname}.{pre}.{post}")
-                assert isinstance(y, cp.ndarray) and y.dtype == x.dtype and y.shape == x.shape
-                want = expected(dtype, n, size, opname, pre, post)
-                w = check_close(cp.asnumpy(y), want, dtype, f"allreduce {opname} {dtype} "
-                                f"pre {pre} post {post}")
-                worst[dtype] = max(worst.get(dtype, 0.0), w)
-                assert cp.array_equal(x, cp.asarray(values(dtype, n, rank))), "input changed"
-                checks += 1
+            checks += check_allreduces(dtype, opname, n, worst)
             # reducescatter: rank r keeps its share of the first dimension.
             rows = 2 * size + 1
             xs = cp.asarray(values(dtype, rows * 3, rank).reshape(rows, 3))
@@ -234,7 +271,8 @@ def check_train():
 if __name__ == "__main__":
     hvd.init()
     try:
-        {"collectives": check_collectives, "kill": check_kill, "train": check_train}[sys.argv[1]]()
+        {"collectives": check_collectives, "hierarchical": check_hierarchical,
+         "kill": check_kill, "train": check_train}[sys.argv[1]]()
     finally:
         if not (sys.argv[1] == "kill"):
             hvd.shutdown()

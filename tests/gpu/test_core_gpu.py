@@ -1,7 +1,8 @@
 """The GPU path end to end through ``tfring.core`` with CuPy arrays (no
 TensorFlow): NCCL at np=1; host staging at np=2 and 3 on one GPU (NCCL
-refuses two ranks on one GPU) under ``tfringrun --tcp``; a killed rank; a
-small training loop against its single-process reference.
+refuses two ranks on one GPU) under ``tfringrun --tcp``; the hierarchical
+allreduce over 2 and 3 fake hosts; a killed rank; a small training loop
+against its single-process reference.
 
 Marked ``gpu``: needs an NVIDIA GPU, CuPy and a GPU build of the core module
 (``TFRING_WITH_NCCL=1``); ``tests/gpu/run_on_gpu.sh`` runs it. Never needed
@@ -74,6 +75,24 @@ def test_host_staged_collectives(np_, tmp_path):
         assert r["host_copies"] > 0, r  # staged, as NCCL cannot run two ranks on one GPU
     text = timeline.read_text()
     assert "NCCL_" not in text and "_ALLREDUCE" in text, text[:2000]
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_hierarchical_allreduce_over_fake_hosts(np_, tmp_path):
+    """One rank per fake host, so that each host's NCCL communicator has a
+    GPU to itself: NCCL within the hosts, the ring across them, and no
+    tensor staged through the host by the executor."""
+    timeline = tmp_path / "timeline.json"
+    hosts = ",".join("abc"[:np_])
+    result, results = run(np_, "hierarchical", env={
+        "TFRING_HOSTNAME": hosts, "TFRING_HIERARCHICAL_ALLREDUCE": "1",
+        "TFRING_TIMELINE": str(timeline)})
+    assert result.returncode == 0, result.stdout[-20000:]
+    assert sorted(r["rank"] for r in results) == list(range(np_))
+    print(json.dumps(results))
+    for r in results:
+        assert r["host_copies"] == 0, r
+    assert "NCCL_HIERARCHICAL_ALLREDUCE" in timeline.read_text()
 
 
 def test_forced_host_staging_at_np1():

@@ -42,6 +42,7 @@ GPU_CXX_SOURCES = [
     "tf_ops/common/ops/nccl_communicators.cc",
     "tf_ops/common/ops/nccl_data_plane.cc",
     "tf_ops/common/ops/gpu_executor.cc",
+    "tf_ops/common/ops/hierarchical_gpu_data_plane.cc",
     "tf_ops/common/ops/cuda/cuda_nccl_api.cc",
     "tf_ops/common/ops/cuda/gpu_setup.cc",
 ]

@@ -33,7 +33,7 @@ UNIT_TEST_SOURCES = {
         "transport/communicator.cc", "peer_monitor.cc", "logging.cc"],
     # The GPU pieces' logic over a fake NCCL/CUDA (TFRING_NCCL_PLANE_LOGIC).
     "nccl_plane_test.cc": ["ops/nccl_communicators.cc", "ops/nccl_data_plane.cc",
-                           "ops/gpu_executor.cc", "executor.cc", "fusion_buffer.cc", "reduction.cc",
+                           "ops/hierarchical_gpu_data_plane.cc", "ops/gpu_executor.cc", "executor.cc", "fusion_buffer.cc", "reduction.cc",
                            "common.cc"],
     "fuzz/fuzz_wire.cc": _TCP_WIRE + ["transport/tcp/topology.cc"],
     "fuzz/fuzz_peer_frame.cc": _TCP_WIRE + ["transport/tcp/peer_frame.cc"],

@@ -44,6 +44,7 @@ class NcclDataPlane : public DataPlane {
   void Bind(const ExecutionContext& context) override { context_ = context; }
   int rank() const { return rank_; }
   int size() const { return size_; }
+  NcclApi* api() const { return api_; }
 
   // --- DataPlane: on the bound device and stream; InProgress once queued.
   using DataPlane::Allreduce;
@@ -80,6 +81,12 @@ class NcclDataPlane : public DataPlane {
                        const std::vector<int64_t>& recv_counts, DataType dtype, ReduceOp op,
                        GpuCompletion* done);
 
+  // Records into `done` an event after everything queued so far on `stream`
+  // (this plane's collectives included). A caller that must wait on the host
+  // for queued NCCL work (the hierarchical GPU plane's cross-host stage)
+  // polls it, so that its wait watches the communicator's errors and the
+  // abort flag rather than blocking on the stream.
+  Status Mark(int device, GpuStream stream, const std::string& what, GpuCompletion* done);
   // OK when the collective has finished on the GPU, InProgress while it
   // runs, or its error. Never blocks.
   Status Poll(GpuCompletion* done);

@@ -11,9 +11,11 @@
 #include "../../executor.h"
 #include "../../gpu_support.h"
 #include "../../logging.h"
-#include "../../transport/communicator.h"
 #include "../gpu_executor.h"
+#include "../hierarchical_gpu_data_plane.h"
+#include "../host_layout.h"
 #include "../nccl_data_plane.h"
+#include "../../transport/communicator.h"
 #include "cuda_nccl_api.h"
 
 namespace tfring {
@@ -95,6 +97,47 @@ BroadcastBytesFn BroadcastOver(DataPlane* host) {
   };
 }
 
+// The hierarchical GPU plane's parts (hierarchical_gpu_data_plane.h), made
+// from the set's communicator: collective over it, in the same order on
+// every rank.
+Status MakeHierarchicalPlane(const GpuPlaneRequest& request, std::unique_ptr<DataPlane>* out) {
+  GpuGlobals& g = G();
+  const std::shared_ptr<Communicator>& comm = request.comm;
+  const std::vector<std::string>& hosts = request.hosts;
+  const int rank = comm->rank();
+  const HostLayout layout = LayOutHosts(hosts, rank);
+  HierarchicalGpuDataPlane::Parts parts;
+  parts.local_rank = layout.local_rank;
+  parts.local_size = layout.local_size;
+  parts.lanes = layout.lanes;
+  std::shared_ptr<Communicator> local_comm, lane_comm;
+  TFRING_RETURN_IF_ERROR(comm->Split(layout.host, rank, &local_comm));
+  // Ranks beyond the lanes pass a negative color: they get no lane.
+  TFRING_RETURN_IF_ERROR(comm->Split(layout.local_rank < layout.lanes ? layout.local_rank : -1,
+                                     rank, &lane_comm));
+  if (!local_comm) {
+    return Status::Aborted("tfring: splitting the host-local communicator gave rank " +
+                           std::to_string(rank) + " none");
+  }
+  // The host-local ring carries the local communicator's NCCL id; the lane's
+  // ring is the cross-host stage.
+  std::unique_ptr<DataPlane> local_host;
+  TFRING_RETURN_IF_ERROR(request.make_host_plane(local_comm, &local_host));
+  if (lane_comm && lane_comm->size() > 1) {
+    TFRING_RETURN_IF_ERROR(request.make_host_plane(lane_comm, &parts.lane));
+  }
+  parts.flat.reset(new NcclDataPlane(g.comms.get(), g.next_key.fetch_add(1), rank, comm->size(),
+                                     BroadcastOver(request.host)));
+  parts.local.reset(new NcclDataPlane(g.comms.get(), g.next_key.fetch_add(1), layout.local_rank,
+                                      layout.local_size, BroadcastOver(local_host.get())));
+  parts.keep.push_back(std::move(local_host));
+  TFRING_LOG(DEBUG) << "hierarchical GPU plane: rank " << rank << ", host " << layout.host
+                    << " of " << layout.hosts << ", local rank " << layout.local_rank << " of "
+                    << layout.local_size << ", " << layout.lanes << " lane(s)";
+  out->reset(new HierarchicalGpuDataPlane(std::move(parts)));
+  return Status::OK();
+}
+
 Status MakePlane(const GpuPlaneRequest& request, std::unique_ptr<DataPlane>* out) {
   out->reset();
   const Config& config = *request.config;
@@ -121,6 +164,12 @@ Status MakePlane(const GpuPlaneRequest& request, std::unique_ptr<DataPlane>* out
   }
   // A new job after a failed one: its communicators are gone with it.
   if (g.comms->size() == 0) g.comms->abort_flag()->Clear();
+  // Every rank sees the same hosts and settings, so all choose alike.
+  const bool one_host = std::all_of(hosts.begin(), hosts.end(),
+                                    [&](const std::string& h) { return h == hosts[0]; });
+  if (config.hierarchical_allreduce && !one_host) {
+    return MakeHierarchicalPlane(request, out);
+  }
   out->reset(new NcclDataPlane(g.comms.get(), g.next_key.fetch_add(1), rank, size,
                                BroadcastOver(host)));
   return Status::OK();
