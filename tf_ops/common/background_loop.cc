@@ -244,10 +244,12 @@ bool HasPendingWork() {
   return false;
 }
 
-// True while a device is still running collectives this rank started.
+// True while a device is still running collectives this rank started, or
+// still writing the input of one it submitted (its ready event): either may
+// end any moment, so the loop polls rather than waiting a cycle.
 bool HasInFlight() {
   for (const auto& ps : state().process_sets.All()) {
-    if (ps->included() && !ps->in_flight.empty()) return true;
+    if (ps->included() && (!ps->in_flight.empty() || ps->queue.HasUnannounced())) return true;
   }
   return false;
 }

@@ -82,6 +82,11 @@ std::vector<std::string> TensorQueue::PendingNames() const {
   return names;
 }
 
+bool TensorQueue::HasUnannounced() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !new_requests_.empty();
+}
+
 size_t TensorQueue::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return table_.size();

@@ -65,6 +65,9 @@ class TensorQueue {
   void FailAll(const Status& status);
   std::vector<std::string> PendingNames() const;
   size_t size() const;
+  // Whether requests submitted on this rank are not yet negotiated: new, or
+  // waiting on their ready event (a device still writing the input).
+  bool HasUnannounced() const;
 
  private:
   mutable std::mutex mu_;
