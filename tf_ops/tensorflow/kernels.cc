@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/tensor.h"
 
 #include "../common/operations.h"
+#include "tf_device.h"
 
 namespace tfring {
 namespace {
@@ -182,7 +183,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     TFRING_RETURN_IF_ERROR(ToCoreType(t.dtype(), &e->dtype));
     e->shape = ToCoreShape(t.shape());
     e->input = t.tensor_data().data();
-    return Status::OK();
+    return PlaceInput(ctx, i, e);
   }
 
   // Output with the input's shape, reusing the input buffer when TF allows.
@@ -327,11 +328,20 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
       var->Unref();
     };
     tf::Tensor* t = var->tensor();
-    if (!t->RefCountIsOne()) {
-      // Someone else still holds the old buffer: write into a private copy.
-      tf::Tensor copy(t->dtype(), t->shape());
-      std::memcpy(DataOf(&copy), t->tensor_data().data(), t->TotalBytes());
-      *t = copy;
+    // Written in place, unless someone else still holds the buffer (a read
+    // in flight): then into a fresh one on the variable's device, which
+    // replaces the old one once the broadcast is done. The core copies the
+    // root's value across itself, on the device where it lives.
+    const bool shared = !t->RefCountIsOne();
+    auto target = std::make_shared<tf::Tensor>(*t);
+    if (shared) {
+      tf::Status as = ctx->allocate_temp(t->dtype(), t->shape(), target.get());
+      if (!as.ok()) {
+        release();
+        ctx->SetStatus(as);
+        done();
+        return;
+      }
     }
     TensorTableEntry e;
     const std::string& full = name();
@@ -344,13 +354,15 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
     e.root_rank = root_rank_;
     e.shape = ToCoreShape(t->shape());
     e.input = DataOf(t);
-    e.output = DataOf(t);
-    e.callback = [ctx, done, release](const Status& s, int32_t) {
+    e.output = DataOf(target.get());
+    e.callback = [ctx, done, release, var, target](const Status& s, int32_t) {
+      if (s.ok()) *var->tensor() = *target;
       release();
       ctx->SetStatus(ToTFStatus(s));
       done();
     };
     Status s = ToCoreType(t->dtype(), &e.dtype);
+    if (s.ok()) s = PlaceVariable(ctx, t->dtype(), &e);
     if (s.ok()) s = Enqueue(process_set_id_, std::move(e));
     if (!s.ok()) {
       release();
@@ -512,6 +524,40 @@ TFRING_CPU_KERNEL("TfringNamedAlltoall", AlltoallOp);
 TFRING_CPU_KERNEL("TfringNamedReducescatter", ReducescatterOp);
 TFRING_CPU_KERNEL("TfringNamedGroupedReducescatter", ReducescatterOp);
 TFRING_CPU_KERNEL("TfringNamedBarrier", BarrierOp);
+// A GPU build registers the collectives for GPU tensors too. Their keys
+// (the TfringNamed* ops' tensor_name), alltoall's splits and the splits it
+// received stay in host memory, as TensorFlow keeps strings and int32 there
+// for GPU kernels anyway (as it does int32 tensors: tf_device.h hands those
+// to the core as host tensors). Barriers, joins and queries have no tensor
+// on a device: soft placement runs them on the CPU kernels above.
+#ifdef TFRING_WITH_NCCL
+#define TFRING_GPU_KERNEL(NAME, CLASS, ...) \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(::tensorflow::DEVICE_GPU) __VA_ARGS__, CLASS)
+
+TFRING_GPU_KERNEL("HorovodAllreduce", AllreduceOp);
+TFRING_GPU_KERNEL("HorovodGroupedAllreduce", AllreduceOp);
+TFRING_GPU_KERNEL("HorovodAllgather", AllgatherOp);
+TFRING_GPU_KERNEL("HorovodGroupedAllgather", AllgatherOp);
+TFRING_GPU_KERNEL("HorovodBroadcast", BroadcastOp);
+TFRING_GPU_KERNEL("HorovodBroadcastInplaceResource", BroadcastInplaceResourceOp,
+                  .HostMemory("resource"));
+TFRING_GPU_KERNEL("HorovodAlltoall", AlltoallOp, .HostMemory("splits").HostMemory("received_splits"));
+TFRING_GPU_KERNEL("HorovodReducescatter", ReducescatterOp);
+TFRING_GPU_KERNEL("HorovodGroupedReducescatter", ReducescatterOp);
+TFRING_GPU_KERNEL("TfringNamedAllreduce", AllreduceOp, .HostMemory("tensor_name"));
+TFRING_GPU_KERNEL("TfringNamedGroupedAllreduce", AllreduceOp, .HostMemory("tensor_name"));
+TFRING_GPU_KERNEL("TfringNamedAllgather", AllgatherOp, .HostMemory("tensor_name"));
+TFRING_GPU_KERNEL("TfringNamedGroupedAllgather", AllgatherOp, .HostMemory("tensor_name"));
+TFRING_GPU_KERNEL("TfringNamedBroadcast", BroadcastOp, .HostMemory("tensor_name"));
+TFRING_GPU_KERNEL("TfringNamedBroadcastInplaceResource", BroadcastInplaceResourceOp,
+                  .HostMemory("resource").HostMemory("tensor_name"));
+TFRING_GPU_KERNEL("TfringNamedAlltoall", AlltoallOp,
+                  .HostMemory("splits").HostMemory("received_splits").HostMemory("tensor_name"));
+TFRING_GPU_KERNEL("TfringNamedReducescatter", ReducescatterOp, .HostMemory("tensor_name"));
+TFRING_GPU_KERNEL("TfringNamedGroupedReducescatter", ReducescatterOp,
+                  .HostMemory("tensor_name"));
+#endif  // TFRING_WITH_NCCL
+
 TFRING_CPU_KERNEL("HorovodSize", ScalarQueryOp<SetSize>);
 TFRING_CPU_KERNEL("HorovodRank", ScalarQueryOp<SetRank>);
 TFRING_CPU_KERNEL("HorovodLocalSize", ScalarQueryOp<QueryLocalSize>);
