@@ -57,3 +57,25 @@ def partial_set(request, size):
     rank 1) or the last rank."""
     ranks = list(range(1, size)) if request.param == "without_rank_0" else list(range(size - 1))
     yield from _registered_set(size, ranks)
+
+
+@pytest.fixture(scope="session")
+def tf_gpu():
+    """The GPU that TensorFlow sees, as a device string, for the `tf_gpu`
+    suites (TF kernels on GPU tensors). Skipped where TensorFlow sees no GPU
+    or tfring's op library is a CPU build (CI); failed instead under
+    TFRING_REQUIRE_GPU=1, where a skip would prove nothing."""
+    import os
+
+    import tensorflow as tf
+
+    why = None
+    if not tf.config.list_physical_devices("GPU"):
+        why = "TensorFlow sees no GPU"
+    elif not _hvd().nccl_built():
+        why = "tfring's op library is a CPU build (build it with TFRING_WITH_NCCL=1)"
+    if why:
+        if os.environ.get("TFRING_REQUIRE_GPU") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return "/GPU:0"

@@ -3,6 +3,7 @@ from NVIDIA's CUDA 12 pip wheels alone (as a TensorFlow user with
 ``tensorflow[and-cuda]`` has them): it compiles with g++, its kernels left to
 NVRTC; it loads; ``nccl_built()`` is True; and tfring.core's rank suite passes
 on it at np=2 (no GPU here, so every collective takes the host planes).
+The TensorFlow kernels' GPU half compiles against TensorFlow's headers.
 
 Needs the wheels (``nvidia-nccl-cu12``, ``nvidia-cuda-runtime-cu12``,
 ``nvidia-cuda-nvrtc-cu12``, ``nvidia-cuda-nvcc-cu12``,
@@ -51,6 +52,21 @@ def test_gpu_build_loads_without_a_gpu(gpu_env):
 def test_core_rank_suite_on_the_gpu_build(gpu_env):
     check_rank_suite(2, SUITE, "tcp", env={k: gpu_env[k] for k in (
         "TFRING_WITH_NCCL", "TFRING_GPU_KERNELS", "TFRING_CACHE_DIR")})
+
+
+@pytest.mark.needs_tool("g++")
+@pytest.mark.parametrize("source", ["kernels.cc", "tf_device.cc"])
+def test_tf_gpu_kernels_compile(source):
+    """The TensorFlow kernels' GPU half (DEVICE_GPU registrations, TF's
+    stream and device ordinal, ready events) compiles against the installed
+    TensorFlow's headers. It runs only where TensorFlow sees a GPU (the
+    `tf_gpu` suites); here it must at least compile."""
+    tf = pytest.importorskip("tensorflow")
+    cmd = (["g++", "-std=c++17", "-fsyntax-only", "-w", "-DTFRING_WITH_NCCL"]
+           + list(tf.sysconfig.get_compile_flags())
+           + [os.path.join(ROOT, "tf_ops", "tensorflow", source)])
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
 
 
 def test_kernel_compiler_choice(monkeypatch):

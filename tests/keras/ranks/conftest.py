@@ -14,7 +14,7 @@ import tensorflow as tf
 import tfring.tensorflow as hvd
 # Shared by every rank suite.
 from rank_fixtures import (initialized, partial_set, rank, set_without_rank_0,  # noqa: F401
-                           size)
+                           size, tf_gpu)
 
 
 @pytest.fixture(scope="session")

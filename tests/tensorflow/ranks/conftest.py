@@ -8,7 +8,7 @@ import pytest
 from tf_helpers import MODES
 # Shared by every rank suite.
 from rank_fixtures import (initialized, partial_set, rank, set_without_rank_0,  # noqa: F401
-                           size)
+                           size, tf_gpu)
 
 
 @pytest.fixture(params=MODES)
