@@ -15,6 +15,22 @@ def test_numpy_buffer_and_codes():
     assert isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == (4,)
 
 
+def test_outputs_are_adapted_without_inspecting_them_again():
+    x = np.arange(6, dtype=np.float32)
+    a = arrays.adapt(x)
+    out = a.new_adapted((2, 5))
+    assert isinstance(out.array, np.ndarray) and out.array.shape == (2, 5)
+    assert out.ptr == out.array.ctypes.data and out.ptr != a.ptr
+    assert (out.shape, out.code, out.device, out.stream) == ((2, 5), a.code, -1, 0)
+
+
+def test_torch_outputs_are_adapted_too():
+    torch = pytest.importorskip("torch")
+    a = arrays.adapt(torch.zeros(3, dtype=torch.bfloat16))
+    out = a.new_adapted((4,))
+    assert out.array.dtype == torch.bfloat16 and out.ptr == out.array.data_ptr()
+
+
 @pytest.mark.parametrize("dtype, code", [
     ("uint8", 0), ("int8", 1), ("uint16", 2), ("int16", 3), ("int32", 4), ("int64", 5),
     ("float16", 6), (ml_dtypes.bfloat16, 7), ("float32", 8), ("float64", 9), ("bool", 10)])

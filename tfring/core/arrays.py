@@ -54,19 +54,30 @@ class Adapted:
         array: the (C-contiguous) array whose memory is used.
         ptr, shape, dtype, code, device, stream: what the core is given.
         new: callable(shape) -> empty array of the same kind, dtype, device.
+        ptr_of: callable(array made by ``new``) -> its data pointer.
         wrap: callable(array made by ``new``) -> what the caller gets back.
     """
 
-    def __init__(self, array, ptr, shape, dtype, device, stream, new, wrap=None):
+    def __init__(self, array, ptr, shape, dtype, device, stream, new, ptr_of, wrap=None,
+                 code=None):
         self.array = array
         self.ptr = int(ptr)
         self.shape = tuple(int(d) for d in shape)
         self.dtype = str(dtype)
-        self.code = dtype_code(self.dtype, type(array).__name__)
+        self.code = dtype_code(self.dtype, type(array).__name__) if code is None else code
         self.device = int(device)
         self.stream = int(stream or 0)
         self.new = new
+        self.ptr_of = ptr_of
         self.wrap = wrap or (lambda a: a)
+
+    def new_adapted(self, shape):
+        """A new empty array of this one's kind, dtype, device and stream,
+        already adapted: an output is not inspected again as an input is
+        (on a GPU that inspection costs as much as a small collective)."""
+        array = self.new(shape)
+        return Adapted(array, self.ptr_of(array), shape, self.dtype, self.device, self.stream,
+                       self.new, self.ptr_of, self.wrap, self.code)
 
 
 def _numpy(x):
@@ -76,7 +87,11 @@ def _numpy(x):
         x = x.copy(order="C")
     name = x.dtype.name
     return Adapted(x, x.ctypes.data, x.shape, name, CPU, 0,
-                   lambda shape: np.empty(shape, x.dtype))
+                   lambda shape: np.empty(shape, x.dtype), _numpy_ptr)
+
+
+def _numpy_ptr(x):
+    return x.__array_interface__["data"][0]
 
 
 def _torch(x):
@@ -91,7 +106,8 @@ def _torch(x):
     else:
         raise TypeError(f"tfring: torch tensors on {x.device} are not supported (CPU or CUDA)")
     return Adapted(x, x.data_ptr(), tuple(x.shape), name, device, stream,
-                   lambda shape: torch.empty(shape, dtype=x.dtype, device=x.device))
+                   lambda shape: torch.empty(shape, dtype=x.dtype, device=x.device),
+                   lambda t: t.data_ptr())
 
 
 def _cuda_device(x):
@@ -114,6 +130,8 @@ def _cupy_current_stream(device):
         import cupy
     except ImportError:
         return 0  # the legacy default stream
+    if cupy.cuda.runtime.getDevice() == device:  # switching devices costs microseconds
+        return cupy.cuda.get_current_stream().ptr
     with cupy.cuda.Device(device):
         return cupy.cuda.get_current_stream().ptr
 
@@ -136,9 +154,15 @@ def _cuda_interface(x):
 
     def new(out_shape):
         import cupy
+        if cupy.cuda.runtime.getDevice() == device:
+            return cupy.empty(out_shape, dtype)
         with cupy.cuda.Device(device):
             return cupy.empty(out_shape, dtype)
-    return Adapted(x, cai["data"][0], shape, dtype.name, device, stream, new)
+    return Adapted(x, cai["data"][0], shape, dtype.name, device, stream, new, _cuda_ptr)
+
+
+def _cuda_ptr(x):
+    return x.__cuda_array_interface__["data"][0]
 
 
 def _c_strides(shape, itemsize):

@@ -99,13 +99,12 @@ def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1
     if device != arrays.CPU:
         code, message, cause, rank, ready = core.ready_event(device, adapted[0].stream)
         errors.raise_for_status(code, message, cause, rank)
-    fixed = [a.new(a.shape) if collective in (_ALLREDUCE, _BROADCAST) else None
-             for a in adapted]
-    fixed_adapted = [arrays.adapt(o) if o is not None else None for o in fixed]
+    fixed_adapted = [a.new_adapted(a.shape) if collective in (_ALLREDUCE, _BROADCAST) else None
+                     for a in adapted]
     late = [None] * len(adapted)
 
     def allocate(index, shape):
-        out = arrays.adapt(adapted[index].new(tuple(shape)))
+        out = adapted[index].new_adapted(tuple(shape))
         late[index] = out
         return out.ptr
 
