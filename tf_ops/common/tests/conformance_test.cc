@@ -231,7 +231,8 @@ void TestReducescatter(PlaneUnderTest& p) {
 void TestAllgather(PlaneUnderTest& p) {
   const int size = g_size;
   const int64_t slot = size * p.step;
-  std::vector<std::vector<int64_t>> layouts = {std::vector<int64_t>(size, 4),
+  std::vector<std::vector<int64_t>> layouts = {std::vector<int64_t>(size, 1),
+                                               std::vector<int64_t>(size, 4),
                                                std::vector<int64_t>(size, 0),
                                                std::vector<int64_t>(size, slot + 1)};
   std::vector<int64_t> uneven, mixed;
@@ -416,52 +417,26 @@ std::vector<PlaneUnderTest> MakePlanes(const std::shared_ptr<MPICommunicator>& c
     }
     add(std::move(p), s);
   }
-  // The ring's pieces grow from 64 KiB (below 4 x 64 KiB per block) to 1 MiB.
-  {
-    PlaneUnderTest p{"ring"};
-    p.step = 64 * 1024;
-    p.every_type_at_edges = false;
-    p.adasum = true;
-    const Status s_p = ring_internal::CreateRingDataPlane(comm, true, {}, &p.plane);
-    add(std::move(p), s_p);
-  }
-  {
-    PlaneUnderTest p{"ring/tiny-pieces"};
-    p.step = 40;
-    p.adasum = true;
-    const Status s_p = ring_internal::CreateRingDataPlane(comm, true, tiny, &p.plane);
-    add(std::move(p), s_p);
-  }
-  {
-    PlaneUnderTest p{"hierarchical"};
-    p.step = 64 * 1024;
-    p.every_type_at_edges = false;
-    p.adasum = true;
-    const Status s_p = ring_internal::CreateHierarchicalDataPlane(comm, hosts, {}, &p.plane);
-    add(std::move(p), s_p);
-  }
-  {
-    PlaneUnderTest p{"hierarchical/tiny-pieces"};
-    p.step = 24;
-    ring_internal::RingOptions o;
-    o.segment_bytes = 24;
-    p.adasum = true;
-    const Status s_p = ring_internal::CreateHierarchicalDataPlane(comm, hosts, o, &p.plane);
-    add(std::move(p), s_p);
-  }
-  if (tcp) {
-    PlaneUnderTest p{"ring-tcp"};
-    p.step = 64 * 1024;
-    p.every_type_at_edges = false;
-    p.adasum = true;
-    const Status s_p = ring_internal::CreateRingDataPlane(tcp, true, {}, &p.plane);
-    add(std::move(p), s_p);
-    PlaneUnderTest q{"ring-tcp/tiny-pieces"};
-    q.step = 40;
-    q.adasum = true;
-    const Status s_q = ring_internal::CreateRingDataPlane(tcp, true, tiny, &q.plane);
-    add(std::move(q), s_q);
-  }
+  // The ring-based planes, each with its default pieces (growing from 64 KiB,
+  // below 4 x 64 KiB per block, to 1 MiB) and with tiny ones.
+  auto add_ring = [&](const std::string& label, const std::shared_ptr<Communicator>& on,
+                      bool hierarchical) {
+    for (bool small_pieces : {false, true}) {
+      PlaneUnderTest p{small_pieces ? label + "/tiny-pieces" : label};
+      ring_internal::RingOptions options;
+      if (small_pieces) options = tiny;
+      p.step = small_pieces ? tiny.segment_bytes : 64 * 1024;
+      p.every_type_at_edges = small_pieces;
+      p.adasum = true;
+      const Status s =
+          hierarchical ? ring_internal::CreateHierarchicalDataPlane(on, hosts, options, &p.plane)
+                       : ring_internal::CreateRingDataPlane(on, true, options, &p.plane);
+      add(std::move(p), s);
+    }
+  };
+  add_ring("ring", comm, false);
+  add_ring("hierarchical", comm, true);
+  if (tcp) add_ring("ring-tcp", tcp, false);
   return planes;
 }
 
