@@ -13,17 +13,14 @@ from support import rank_lines, run_rank_suite
 SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks",
                      "test_ring_collectives.py")
 
+# The ring forced on one host and hierarchical on two fake hosts at np=2, 3
+# are in the TF conformance run (tests/tensorflow/test_planes.py); these are
+# the choices it does not make.
 LAUNCHES = {
-    # The ring forced on one host (no fake hosts, no shared memory).
-    "np2-ring-forced": (2, {"TFRING_CPU_OPERATIONS": "ring"}, "ring data plane"),
     # Two fake hosts: auto picks the flat ring for every size.
     "np3-flat-ring-a,a,b": (3, {"TFRING_HOSTNAME": "a,a,b", "TFRING_CPU_OPERATIONS": "auto",
                                 "TFRING_CROSS_HOST_MIN_BYTES": "0"}, "ring data plane"),
-    # Hierarchical on uneven hosts (one lane) and on even ones (two lanes).
-    "np3-hierarchical-a,a,b": (3, {"TFRING_HOSTNAME": "a,a,b",
-                                   "TFRING_HIERARCHICAL_ALLREDUCE": "1",
-                                   "TFRING_CROSS_HOST_MIN_BYTES": "0"},
-                               "hierarchical data plane"),
+    # Hierarchical on even hosts (two lanes).
     "np4-hierarchical-a,a,b,b": (4, {"TFRING_HOSTNAME": "a,a,b,b",
                                      "TFRING_HIERARCHICAL_ALLREDUCE": "1",
                                      "TFRING_CROSS_HOST_MIN_BYTES": "0"},

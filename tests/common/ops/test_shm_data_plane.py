@@ -1,7 +1,8 @@
 """Runs the shared-memory rank suite (ranks/test_shm_collectives.py) with the
-shm plane (and its single-copy path) forced for every message size, at np=2
-and np=3, and once with the automatic choice; after each job /dev/shm must
-hold no segment of ours."""
+automatic choice, which must pick the shm plane; after the job /dev/shm must
+hold no segment of ours. (The shm plane forced for every size is in the TF
+conformance run, tests/tensorflow/test_planes.py, and its single-copy path
+in the C++ conformance suite.)"""
 import os
 import re
 
@@ -11,11 +12,6 @@ from support import run_rank_suite
 
 SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks",
                      "test_shm_collectives.py")
-# Every broadcast and allgather of the forced runs also takes the (opt-in)
-# single-copy path, where the system lets ranks read each other's memory;
-# the staged path runs in every other suite, and in shm_test.cc.
-FORCED = {"TFRING_CPU_OPERATIONS": "shm", "TFRING_SHM_MIN_BYTES": "0",
-          "TFRING_SHM_SINGLE_COPY": "1", "TFRING_SHM_SINGLE_COPY_MIN_BYTES": "0"}
 # Segment names are /tfring-<pid of rank 0>-<counter>-<random>.
 SEGMENT = re.compile(r"^tfring-(\d+)-")
 
@@ -61,14 +57,6 @@ def _run_suite(np_, env, tmp_path, controller=None):
     assert _passed_on_every_rank(output, np_), output[-5000:]
     assert _stale_segments() - before == set(), "shared-memory segments left in /dev/shm"
     return timeline.read_text()
-
-
-@pytest.mark.parametrize("np_", [2, 3])
-def test_shm_rank_suite(np_, controller, tmp_path):
-    timeline = _run_suite(np_, FORCED, tmp_path, controller)
-    for collective in ("ALLREDUCE", "ALLGATHER", "BROADCAST", "REDUCESCATTER"):
-        assert f"SHM_{collective}" in timeline, f"no {collective} ran on shared memory"
-        assert f"MPI_{collective}" not in timeline, f"an {collective} ran on MPI"
 
 
 def test_auto_picks_shm_without_harm(tmp_path):
