@@ -32,14 +32,15 @@ import os
 import re
 
 from support import ROOT
-from tfring.build import library
+from tfring.build import library, unit_tests
 
 TF_OPS = os.path.join(ROOT, "tf_ops")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 # Files allowed to include MPI besides the MPI transport's own: the C++ test
-# of the planes over an MPICommunicator (a test program, built with mpicxx).
+# programs that unit_tests.MPI_UNIT_TESTS names (built with mpicxx).
 # The bindings reach every transport through transport/entry_points.h.
-MPI_TESTS = {os.path.join("tf_ops", "common", "tests", "ring_test.cc")}
+MPI_TESTS = {os.path.join("tf_ops", "common", "tests", *p.split("/"))
+             for p in unit_tests.MPI_UNIT_TESTS}
 
 
 def _is_mpi_include(rel, kind, name):

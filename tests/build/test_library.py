@@ -268,3 +268,26 @@ def test_setup_and_bazel_compile_the_same_core():
     assert bazel_core == setup_core
     assert bazel_mpi == setup_all - setup_core
     assert "common/operations.cc" in setup_core and "common/mpi/mpi_init.cc" in bazel_mpi
+
+
+def test_bazel_and_unit_tests_list_the_same_test_programs():
+    # tfring.build.unit_tests is the one list of the C++ test programs and
+    # what they link; Bazel's BUILD makes one cc_test per top-level
+    # common/tests/*.cc (CORE_TESTS), links :mpi into MPI_TESTS, and
+    # spells out nccl_plane_test's GPU files. They must agree.
+    with open(os.path.join(ROOT, "tf_ops", "BUILD")) as f:
+        build = f.read()
+    tests_dir = os.path.join(ROOT, "tf_ops", "common", "tests")
+    on_disk = sorted(n for n in os.listdir(tests_dir) if n.endswith(".cc"))
+    listed = sorted(p for p in unit_tests.UNIT_TEST_SOURCES if "/" not in p)
+    assert on_disk == listed, "tf_ops/common/tests/*.cc and unit_tests.UNIT_TEST_SOURCES differ"
+    assert sorted(_bazel_globs(build, "MPI_TESTS")) == sorted(
+        "common/tests/" + p for p in unit_tests.MPI_UNIT_TESTS)
+    # Only the MPI programs link the MPI transport's files.
+    for program, pieces in unit_tests.UNIT_TEST_SOURCES.items():
+        mpi = [p for p in pieces if library.is_mpi_source(os.path.join("tf_ops", "common", p))]
+        assert not mpi or program in unit_tests.MPI_UNIT_TESTS, (program, mpi)
+    nccl = re.search(r'name = "nccl_plane_test".*?srcs = \[(.*?)\]', build, re.S).group(1)
+    nccl_srcs = {s[len("common/"):] for s in re.findall(r'"([^"]+)"', nccl)}
+    assert nccl_srcs - {"tests/nccl_plane_test.cc"} <= set(
+        unit_tests.UNIT_TEST_SOURCES["nccl_plane_test.cc"])

@@ -1,8 +1,10 @@
 """Builds the shared-memory data plane's C++ test (tf_ops/common/tests/
 shm_test.cc) under AddressSanitizer and UBSan, with no MPI and no TensorFlow,
-and runs it at np=2 and np=3: forked ranks check every collective against a
-serial computation, that a killed, exited or departed rank ends the others'
-waits with an error, and that nothing is left in /dev/shm."""
+and runs it at np=2 and np=3: forked ranks check what is particular to the
+shm plane (the single-copy agreement, rank-order reduction, the barrier, a
+huge message), that a killed, exited or departed rank ends the others' waits
+with an error, and that nothing is left in /dev/shm. Every collective's
+results are the conformance suite's (tests/common/ops/test_conformance_cpp.py)."""
 import os
 import subprocess
 

@@ -10,13 +10,20 @@ from tfring.build.library import source_root
 # file: the pieces of the core it exercises, relative to tf_ops/common, none
 # with MPI or TensorFlow. The pytest wrappers under tests/common build from
 # here, so a file split or moved in the core changes this one list (and
-# tests/build/test_library.py checks that every entry is a library source).
+# tests/build/test_library.py checks that every entry is a library source;
+# tests/build/test_unit_test_sources.py that Bazel's BUILD agrees). The
+# programs in MPI_UNIT_TESTS also link MPI (built with mpicxx).
 _NEGOTIATION_PIECES = [
     "controller.cc", "coordinator.cc", "validation.cc", "speculation.cc", "message.cc",
     "fusion_buffer.cc", "reduction.cc", "common.cc", "response_cache.cc", "timeline.cc",
     "tensor_queue.cc", "executor.cc", "in_flight.cc", "ops/data_plane_selector.cc", "config.cc",
     "logging.cc", "ops/adasum.cc", "peer_monitor.cc"]
 _TCP_WIRE = ["transport/tcp/sha256.cc", "transport/tcp/wire.cc"]
+_TCP_WORLD = _TCP_WIRE + [
+    "transport/tcp/tcp_communicator.cc", "transport/tcp/handshake.cc", "transport/tcp/mesh.cc",
+    "transport/tcp/world.cc", "transport/tcp/liveness.cc", "transport/tcp/peer_frame.cc",
+    "transport/tcp/socket.cc", "transport/tcp/rendezvous_client.cc",
+    "transport/communicator.cc", "peer_monitor.cc", "logging.cc"]
 UNIT_TEST_SOURCES = {
     "core_test.cc": _NEGOTIATION_PIECES,
     "speculation_test.cc": _NEGOTIATION_PIECES,
@@ -26,11 +33,13 @@ UNIT_TEST_SOURCES = {
     "tcp_client_test.cc": _TCP_WIRE + ["transport/tcp/socket.cc",
                                        "transport/tcp/rendezvous_client.cc",
                                        "transport/tcp/topology.cc"],
-    "tcp_comm_test.cc": _TCP_WIRE + [
-        "transport/tcp/tcp_communicator.cc", "transport/tcp/handshake.cc", "transport/tcp/mesh.cc",
-        "transport/tcp/world.cc", "transport/tcp/liveness.cc", "transport/tcp/peer_frame.cc",
-        "transport/tcp/socket.cc", "transport/tcp/rendezvous_client.cc",
-        "transport/communicator.cc", "peer_monitor.cc", "logging.cc"],
+    "tcp_comm_test.cc": _TCP_WORLD,
+    # Every CPU plane over MPI and over TCP (tests/common/ops/test_conformance_cpp.py).
+    "conformance_test.cc": _TCP_WORLD + [
+        "ops/mpi_data_plane.cc", "ops/ring_data_plane.cc", "ops/hierarchical_data_plane.cc",
+        "ops/shm_data_plane.cc", "ops/shm_segment.cc", "ops/adasum.cc",
+        "ops/comm_point_to_point.cc", "mpi/mpi_context.cc", "mpi/mpi_communicator.cc",
+        "common.cc", "reduction.cc", "config.cc", "fusion_buffer.cc"],
     # The GPU pieces' logic over a fake NCCL/CUDA (TFRING_NCCL_PLANE_LOGIC).
     "nccl_plane_test.cc": ["ops/nccl_communicators.cc", "ops/nccl_data_plane.cc",
                            "ops/hierarchical_gpu_data_plane.cc", "ops/gpu_executor.cc", "executor.cc", "fusion_buffer.cc", "reduction.cc",
@@ -38,6 +47,9 @@ UNIT_TEST_SOURCES = {
     "fuzz/fuzz_wire.cc": _TCP_WIRE + ["transport/tcp/topology.cc"],
     "fuzz/fuzz_peer_frame.cc": _TCP_WIRE + ["transport/tcp/peer_frame.cc"],
 }
+
+# The programs that link MPI (and the core's mpi/ files).
+MPI_UNIT_TESTS = ["conformance_test.cc"]
 
 
 def unit_test_sources(program, root=None):

@@ -1,0 +1,91 @@
+"""The data planes' conformance suite (tf_ops/common/tests/conformance_test.cc):
+every CPU plane (MPI's own, shared memory, ring and hierarchical over MPI,
+the ring over TCP) runs every collective, dtype, reduce op and scaling at
+sizes around its thresholds, against a reference computed in the test, at
+np=1, 2 and 3. One mpiexec job per np runs every plane; each plane x np is
+reported as its own test."""
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+
+from support import ROOT, missing_tool
+from tfring.build.unit_tests import unit_test_sources
+
+# The labels conformance_test.cc gives its planes (MakePlanes()).
+PLANES = ["mpi", "shm", "shm/4k-chunks", "shm/single-copy", "ring", "ring/tiny-pieces",
+          "hierarchical", "hierarchical/tiny-pieces", "ring-tcp", "ring-tcp/tiny-pieces"]
+# Warnings are errors in the suite and in the planes it is about.
+STRICT = ("conformance_test.cc", "ring_data_plane.cc", "hierarchical_data_plane.cc",
+          "shm_data_plane.cc", "mpi_data_plane.cc", "comm_point_to_point.cc",
+          "mpi_communicator.cc")
+
+
+def _mpi_bin(name):
+    path = os.path.join(sysconfig.get_paths()["scripts"], name)
+    return path if os.path.exists(path) else shutil.which(name)
+
+
+def _compile(cxx, sources, out):
+    """Compiles `sources` two at a time (the CI machines have 2 cores) and
+    links them; returns the binary."""
+    flags = ["-std=c++17", "-O1", "-g", "-Wall"]
+    objects = []
+    for i in range(0, len(sources), 2):
+        procs = []
+        for src in sources[i:i + 2]:
+            obj = str(out / (os.path.relpath(src, ROOT).replace(os.sep, "_") + ".o"))
+            extra = ["-Werror"] if src.endswith(STRICT) else []
+            procs.append((src, subprocess.Popen([cxx, *flags, *extra, "-c", src, "-o", obj],
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                text=True)))
+            objects.append(obj)
+        for src, p in procs:
+            text, _ = p.communicate(timeout=600)
+            assert p.returncode == 0, f"{src}:\n{text}"
+    binary = str(out / "conformance_test")
+    link = subprocess.run([cxx, *flags, *objects, "-o", binary, "-lpthread"],
+                          capture_output=True, text=True, timeout=300)
+    assert link.returncode == 0, link.stderr[-5000:]
+    return binary
+
+
+@pytest.fixture(scope="module")
+def conformance_run(tmp_path_factory):
+    """run(np) -> {(plane, rank): (checks, failed)} and the job's output,
+    one job per np (cached)."""
+    cxx = _mpi_bin("mpicxx")
+    if cxx is None:
+        missing_tool("mpicxx (pip install mpich)")
+    binary = _compile(cxx, unit_test_sources("conformance_test.cc", ROOT),
+                      tmp_path_factory.mktemp("conformance"))
+
+    @functools.lru_cache(maxsize=None)
+    def run(np_):
+        env = dict(os.environ, MPIR_CVAR_POLLS_BEFORE_YIELD="1")
+        job = subprocess.run([_mpi_bin("mpiexec"), "-n", str(np_), binary],
+                             capture_output=True, text=True, timeout=600, env=env)
+        text = job.stdout + job.stderr
+        results = {(m["plane"], int(m["rank"])): (int(m["checks"]), int(m["failed"]))
+                   for m in re.finditer(r"^\[(?P<rank>\d+)\] conformance (?P<plane>\S+): "
+                                        r"(?P<checks>\d+) checks, (?P<failed>\d+) failed",
+                                        job.stdout, re.M)}
+        return results, text
+
+    return run
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3])
+@pytest.mark.parametrize("plane", ["set-up"] + PLANES)
+def test_plane_conforms(conformance_run, plane, np_):
+    results, text = conformance_run(np_)
+    for rank in range(np_):
+        assert (plane, rank) in results, f"no result for {plane} on rank {rank}:\n{text[-5000:]}"
+        checks, failed = results[(plane, rank)]
+        assert failed == 0 and checks > 0, (
+            f"{plane} rank {rank}: {failed} of {checks} checks failed:\n"
+            + "\n".join(line for line in text.splitlines() if plane in line)[-8000:])
