@@ -53,7 +53,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         if self.affine:
             out = out * self.weight.view(shape) + self.bias.view(shape)
         if self.track_running_stats:
-            self._update_running_stats(mean.detach(), var.detach(), float(n))
+            self._update_running_stats(mean.detach(), var.detach(), float(n.detach()))
         return out
 
     def _update_running_stats(self, mean, var, n):
