@@ -147,31 +147,34 @@ class TorchState(ObjectState):
         if self.optimizer is not None:
             functions.broadcast_optimizer_state(self.optimizer, root_rank=0)
         for k, s in self._samplers.items():
-            # Each rank recorded its own batches: the epoch's processed
-            # samples are all ranks' together.
-            everyone = functions.allgather_object(s.processed_indices, name=f"tfring.{k}.done")
-            state = functions.broadcast_object(s.state_dict(), 0, name=f"tfring.{k}.state")
-            state["processed_indices"] = sorted(set().union(*everyone))
-            s.load_state_dict(state)
+            s.load_state_dict(functions.broadcast_object(s.state_dict(), 0,
+                                                         name=f"tfring.sampler.{k}"))
         self._save_objects()
         super().sync()
 
 
 class ElasticSampler(torch.utils.data.Sampler):
-    """Shards a dataset over the current ranks and remembers which samples of
-    the epoch were processed, so that after the job re-forms the remaining
-    ones are shared among the new ranks (none repeated, none skipped).
+    """Shards a dataset over the current ranks and counts the samples of the
+    epoch already processed, so that after the job re-forms the rest are
+    shared among the new ranks (none repeated, none skipped).
+
+    Rank r of n takes every n-th sample of the epoch's remaining order from
+    the r-th on, so after k batches of b on every rank exactly the first
+    k*b*n remaining samples are done: one count, the same on every rank,
+    says what is left.
 
     Args:
         dataset: anything with ``len()``.
-        shuffle: shuffle the indices each epoch (the same on every rank).
+        shuffle: shuffle the order each epoch (the same on every rank).
         seed: the shuffle's seed (plus the epoch).
 
     Example:
         >>> sampler = hvd.elastic.ElasticSampler(dataset)
         >>> loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)
         >>> for i, batch in enumerate(loader):
+        ...     train_step(batch)
         ...     sampler.record_batch(i, 32)
+        ...     state.commit()
     """
 
     def __init__(self, dataset, shuffle=True, seed=0):
@@ -179,47 +182,41 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self.processed_indices = set()
-        self._recorded = 0
+        self.processed_num = 0
         self.reset()
 
     def set_epoch(self, epoch):
         """Starts epoch ``epoch``: nothing processed yet."""
         self.epoch = epoch
-        self.processed_indices = set()
+        self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx, batch_size):
-        """Marks this rank's batch ``batch_idx`` (of this sharding) as
-        processed."""
-        start = batch_idx * batch_size
-        self.record_indices(self.indices[start:start + batch_size])
-
-    def record_indices(self, indices):
-        """Marks dataset indices as processed."""
-        self.processed_indices.update(int(i) for i in indices)
+        """Marks batches 0..``batch_idx`` of this sharding (of ``batch_size``
+        samples on every rank) as processed."""
+        done = self._base + batch_size * self._size * (batch_idx + 1)
+        self.processed_num = min(done, len(self.dataset))
 
     def state_dict(self):
-        """The epoch and the indices this rank recorded (TorchState.sync()
-        joins every rank's)."""
-        return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices)}
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def load_state_dict(self, state):
         self.epoch = state["epoch"]
-        self.processed_indices = set(state["processed_indices"])
+        self.processed_num = state["processed_num"]
         self.reset()
 
     def reset(self):
         """Re-shards the epoch's unprocessed samples over the current ranks."""
         rank = _core.rank() if _core.is_initialized() else 0
-        size = _core.size() if _core.is_initialized() else 1
+        self._size = _core.size() if _core.is_initialized() else 1
         order = list(range(len(self.dataset)))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
-        remaining = [i for i in order if i not in self.processed_indices]
-        self.num_samples = int(math.ceil(len(remaining) / size)) if remaining else 0
-        padded = remaining + remaining[:self.num_samples * size - len(remaining)]
-        self.indices = padded[rank:self.num_samples * size:size]
+        remaining = order[self.processed_num:]
+        self._base = self.processed_num
+        self.num_samples = int(math.ceil(len(remaining) / self._size)) if remaining else 0
+        padded = remaining + remaining[:self.num_samples * self._size - len(remaining)]
+        self.indices = padded[rank::self._size]
 
     def __iter__(self):
         return iter(self.indices)
