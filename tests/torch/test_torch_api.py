@@ -32,6 +32,7 @@ grouped_allgather_async broadcast broadcast_async broadcast_ broadcast_async_ al
 alltoall_async reducescatter reducescatter_async grouped_reducescatter
 grouped_reducescatter_async join barrier poll synchronize broadcast_object allgather_object
 broadcast_parameters broadcast_optimizer_state DistributedOptimizer SyncBatchNorm elastic
+sparse_allreduce_async start_timeline stop_timeline ccl_built ddl_built
 """.split()
 
 

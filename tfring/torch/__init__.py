@@ -25,16 +25,17 @@ from tfring.torch.errors import (HorovodInternalError, HostsUpdatedInterrupt,  #
                                  PreconditionError)
 from tfring.torch.functions import (allgather_object, broadcast_object,  # noqa: F401
                                     broadcast_optimizer_state, broadcast_parameters)
-from tfring.torch.lifecycle import (cuda_built, gloo_built, gloo_enabled, init,  # noqa: F401
+from tfring.torch.lifecycle import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, init,  # noqa: F401
                                     is_homogeneous, mpi_enabled, mpi_threads_supported,
-                                    rocm_built)
+                                    rocm_built, start_timeline, stop_timeline)
 from tfring.torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
                                   allgather_async, allreduce_, allreduce_async,
                                   allreduce_async_, alltoall_async, barrier, broadcast_,
                                   broadcast_async, broadcast_async_, grouped_allgather_async,
                                   grouped_allreduce_, grouped_allreduce_async,
                                   grouped_allreduce_async_, grouped_reducescatter_async, join,
-                                  poll, reducescatter_async, synchronize)
+                                  poll, reducescatter_async, sparse_allreduce_async,
+                                  synchronize)
 from tfring.torch.optimizer import DistributedOptimizer  # noqa: F401
 from tfring.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 from tfring.torch import elastic  # noqa: F401,E402

@@ -64,6 +64,32 @@ def rocm_built():
     return False
 
 
+def ccl_built():
+    """tfring has no oneCCL data plane."""
+    return False
+
+
+def ddl_built():
+    """tfring has no IBM DDL data plane."""
+    return False
+
+
 def is_homogeneous():
     """True when every host runs the same number of ranks."""
     return _core.size() == _core.local_size() * _core.cross_size()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Not available at run time in tfring.torch: tfring.core's module has no
+    switch for the timeline. Set ``TFRING_TIMELINE=path`` (and
+    ``TFRING_TIMELINE_MARK_CYCLES=1``) before the job starts instead.
+
+    Raises:
+        NotImplementedError: always.
+    """
+    raise NotImplementedError("tfring.torch cannot start a timeline at run time: set "
+                              f"TFRING_TIMELINE={file_path} before the job starts")
+
+
+def stop_timeline():
+    """Nothing to stop: see :func:`start_timeline`."""

@@ -216,6 +216,38 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                                 postscale_factor, process_set))
 
 
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Starts the reduction of a sparse COO tensor as Horovod does it: every
+    rank's indices and values are gathered, and synchronize() returns the
+    sparse tensor of all of them (entries at the same index add up when it
+    is used or coalesced; divided by the set's size for Average).
+
+    Args:
+        tensor: a sparse COO tensor of the same dense shape on every rank.
+        name, process_set: as :func:`allreduce_async`.
+        op: Average (default) or Sum.
+
+    Raises:
+        ValueError: another op.
+
+    Example:
+        >>> dense = hvd.synchronize(hvd.sparse_allreduce_async(grad)).to_dense()
+    """
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async takes op=Average or op=Sum")
+    t = tensor.coalesce()
+    ps = global_process_set if process_set is None else process_set
+
+    def finish(result):
+        indices, values = result
+        if op == Average:
+            values = values / ps.size()
+        return torch.sparse_coo_tensor(indices.t(), values, t.shape)
+    return _register(_submit(_core.grouped_allgather_async, [t], [t.indices().t().contiguous(),
+                                                                 t.values().contiguous()],
+                             name, process_set), finish)
+
+
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather: every rank's ``tensor`` concatenated along the
     first dimension, in rank order (the first dimension may differ by rank).

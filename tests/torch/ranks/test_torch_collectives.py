@@ -212,3 +212,16 @@ def test_topology(rank, size):
     assert hvd.is_initialized() and hvd.size() == size and 0 <= hvd.local_rank() < size
     assert hvd.local_size() * hvd.cross_size() == size and hvd.is_homogeneous()
     assert hvd.gloo_built() and hvd.mpi_enabled() != hvd.gloo_enabled()
+
+
+def test_sparse_allreduce_async(rank, size):
+    # Rank r holds the value r+1 at row r % 2 of a 2x3 tensor.
+    dense = torch.zeros(2, 3)
+    dense[rank % 2, 1] = rank + 1
+    out = hvd.synchronize(hvd.sparse_allreduce_async(dense.to_sparse(), op=hvd.Sum))
+    expected = torch.zeros(2, 3)
+    for r in range(size):
+        expected[r % 2, 1] += r + 1
+    assert out.is_sparse and torch.equal(out.to_dense(), expected)
+    avg = hvd.synchronize(hvd.sparse_allreduce_async(dense.to_sparse()))
+    assert torch.allclose(avg.to_dense(), expected / size)
