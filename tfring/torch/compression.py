@@ -1,39 +1,15 @@
 """Gradient compression for tfring.torch, with Horovod's names:
 ``Compression.none`` and ``Compression.fp16`` (floating-point tensors travel
-as float16 and come back in their own dtype)."""
+as float16 and come back in their own dtype).
+
+Example:
+    >>> sent, ctx = Compression.fp16.compress(torch.ones(3))
+    >>> Compression.fp16.decompress(sent, ctx).dtype
+    torch.float32
+"""
 import torch
 
-
-class Compressor:
-    """Turns a tensor into what is sent, and back.
-
-    Example:
-        >>> sent, ctx = Compression.fp16.compress(torch.ones(3))
-        >>> Compression.fp16.decompress(sent, ctx).dtype
-        torch.float32
-    """
-
-    @staticmethod
-    def compress(tensor):
-        """Returns (tensor to send, context for decompress)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns the received tensor in the form the caller gave it."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from tfring.common.compression import Compressor, NoneCompressor  # noqa: F401
 
 
 class FP16Compressor(Compressor):

@@ -2,6 +2,7 @@
 (shutdown, rank, size, ...) is tfring.core's, re-exported as it is."""
 import tfring.core as _core
 from tfring.common import startup
+from tfring.common.basics import ccl_built, ddl_built, rocm_built  # noqa: F401
 
 
 def init(comm=None, process_sets=None):
@@ -57,21 +58,6 @@ def mpi_threads_supported():
 def cuda_built():
     """Whether the core was built with GPU support."""
     return _core.gpu_built()
-
-
-def rocm_built():
-    """tfring has no ROCm support."""
-    return False
-
-
-def ccl_built():
-    """tfring has no oneCCL data plane."""
-    return False
-
-
-def ddl_built():
-    """tfring has no IBM DDL data plane."""
-    return False
 
 
 def is_homogeneous():
