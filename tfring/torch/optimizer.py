@@ -177,6 +177,9 @@ class _DistributedOptimizer:
                 warnings.warn("step() in skip_synchronize() without synchronize() first: "
                               "the gradients are this rank's own")
         else:
+            if self._synchronized:
+                warnings.warn("step() after synchronize() outside skip_synchronize(): the "
+                              "gradients are reduced a second time (use skip_synchronize())")
             self.synchronize()
         self._synchronized = False
         return super().step(closure)

@@ -110,3 +110,7 @@ def test_synchronize_then_skip_synchronize(rank, size):
     with opt.skip_synchronize():
         opt.step()
     assert isinstance(opt, torch.optim.SGD)
+    model(x).sum().backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="second time"):
+        opt.step()
