@@ -160,6 +160,11 @@ EXTRAS = {
     # never imports them.
     "ray": ["ray>=2.9"],
     "spark": ["pyspark>=3.4"],
+    # PyTorch, for tfring.torch only (pure Python over tfring.core; nothing
+    # else of tfring imports torch). An unpinned torch from PyPI is a CUDA
+    # build with NVIDIA's wheels (a few GB); pin a CPU build where none is
+    # needed (requirements-dev.txt does).
+    "torch": ["torch>=2.1"],
 }
 
 setup(

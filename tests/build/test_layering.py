@@ -19,7 +19,8 @@ a program (``python -m``) on top of everything. From the bottom:
    ``tfring.tensorflow`` and ``tfring.keras``, the framework bindings, on
    the same level, which may import each other but not the launcher;
    ``tfring.core``, the framework-neutral binding, beside them, importing
-   neither.
+   neither. ``tfring.torch``, PyTorch's binding, over tfring.core; no other
+   module of tfring imports torch (an extra, ``tfring[torch]``).
 4. ``tfring.ray`` and ``tfring.spark``: launchers over other schedulers,
    built on tfring.runner (and Spark's Keras estimator on tfring.keras).
 
@@ -119,6 +120,7 @@ ALLOWED = {
     "common": {"_store", "build"},
     "runner": {"_store", "build", "common"},
     "core": {"_store", "build", "common"},
+    "torch": {"_store", "build", "common", "core"},
     "tensorflow": {"_store", "build", "common", "keras"},
     "keras": {"_store", "build", "common", "tensorflow"},
     "ray": {"_store", "build", "common", "runner"},
@@ -246,6 +248,32 @@ def test_each_python_layer_imports_only_the_layers_below():
     assert set(ALLOWED) == {_layer(m) for m in python_modules(ROOT)} - {None}, \
         "a new package of tfring needs its place in ALLOWED (and the docstring)"
     assert layer_violations(ROOT) == []
+
+
+def torch_importers(root):
+    """"module:line" for each import of torch outside tfring.torch."""
+    found = []
+    for module, path in sorted(python_modules(root).items()):
+        if module == "tfring.torch" or module.startswith("tfring.torch."):
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            if any(n == "torch" or n.startswith("torch.") for n in names):
+                found.append(f"{module}:{node.lineno}")
+    return found
+
+
+def test_only_tfring_torch_imports_torch(tmp_path):
+    assert torch_importers(ROOT) == []
+    (tmp_path / "tfring" / "core").mkdir(parents=True)
+    (tmp_path / "tfring" / "core" / "x.py").write_text("def f():\n    import torch.nn\n")
+    (tmp_path / "tfring" / "torch").mkdir()
+    (tmp_path / "tfring" / "torch" / "y.py").write_text("import torch\n")
+    assert torch_importers(str(tmp_path)) == ["tfring.core.x:2"]
 
 
 def test_no_import_cycle_among_tfring_modules():

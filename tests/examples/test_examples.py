@@ -8,7 +8,7 @@ wrapper that gives each rank its own ``--checkpoint-dir`` (``DIR/rank<N>``).
 import re
 import sys
 
-from support import rank_lines, tfringrun
+from support import import_extra, rank_lines, tfringrun
 
 NP = 2
 TIMEOUT = 120
@@ -104,3 +104,9 @@ def test_keras_synthetic_benchmark():
     per_rank, total = float(values["images_per_sec_per_rank"]), float(
         values["total_images_per_sec"])
     assert per_rank > 0 and abs(total - NP * per_rank) < 0.1 + 1e-3 * total, values
+
+
+def test_torch_digits():
+    import_extra("torch")
+    values = run_example("torch_digits.py", "--epochs", "3")
+    assert float(values["val_accuracy"]) >= 0.90, values

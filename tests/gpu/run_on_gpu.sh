@@ -11,6 +11,10 @@
 #   core_gpu     tfring.core with CuPy: NCCL at np=1, host staging at np=2/3,
 #                a killed rank, a training loop (tests/gpu/test_core_gpu.py)
 #   bench        benchmarks/gpu.py (raw NCCL, the whole core path, staging)
+#   torch_gpu    tfring.torch on CUDA tensors, its ranks run by $TORCH_PY
+#                (default /opt/torch/.venv/bin/python3): NCCL at np=1, host
+#                staging at np=2, DistributedOptimizer against one process
+#                (tests/gpu/test_torch_gpu.py)
 # and writes OUTDIR/results.json (every step's exit code and time, the
 # tests' outcomes, the benchmark rows). STEPS="build cpp_harness" runs some.
 # Exits non-zero when a step failed. Made to finish in under 8 minutes.
@@ -19,7 +23,8 @@ OUT=${1:?usage: bash tests/gpu/run_on_gpu.sh OUTDIR}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-build cpp_harness core_gpu bench}
+STEPS=${STEPS:-build cpp_harness core_gpu bench torch_gpu}
+TORCH_PY=${TORCH_PY:-/opt/torch/.venv/bin/python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
 if command -v nvidia-smi >/dev/null; then
@@ -68,9 +73,11 @@ step() {  # step NAME SECONDS COMMAND...
 rm -f "$OUT/steps.jsonl"
 step build 180 $PY -m tfring.build core
 step cpp_harness 150 $PY -m pytest -m gpu tests/common/test_nccl_gpu.py -v -s -p no:cacheprovider
-step core_gpu 220 $PY -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider \
+step core_gpu 220 $PY -m pytest -m gpu tests/gpu/test_core_gpu.py -v -s -p no:cacheprovider \
   --junitxml="$OUT/core_gpu.xml"
 step bench 180 $PY benchmarks/gpu.py --out "$OUT/bench" --iters 20 --rounds 3
+step torch_gpu 150 env TFRING_TORCH_PYTHON="$TORCH_PY" $PY -m pytest -m gpu \
+  tests/gpu/test_torch_gpu.py -v -s -p no:cacheprovider --junitxml="$OUT/torch_gpu.xml"
 
 $PY - "$OUT" <<'PYEOF' > "$OUT/results.json"
 import json, os, sys
@@ -79,8 +86,10 @@ out = sys.argv[1]
 res = {"steps": [json.loads(l) for l in open(os.path.join(out, "steps.jsonl"))]}
 if os.path.exists(os.path.join(out, "device.txt")):
     res["device"] = open(os.path.join(out, "device.txt")).read()
-xml = os.path.join(out, "core_gpu.xml")
-if os.path.exists(xml):
+for step in ("core_gpu", "torch_gpu"):
+    xml = os.path.join(out, step + ".xml")
+    if not os.path.exists(xml):
+        continue
     tests = []
     for case in ET.parse(xml).iter("testcase"):
         outcome = "passed"
@@ -89,7 +98,7 @@ if os.path.exists(xml):
                 outcome = tag
         tests.append({"test": case.get("name"), "outcome": outcome,
                       "seconds": float(case.get("time", 0))})
-    res["core_gpu_tests"] = tests
+    res[step + "_tests"] = tests
 bench = os.path.join(out, "bench", "gpu_allreduce.json")
 if os.path.exists(bench):
     res["bench"] = json.load(open(bench))

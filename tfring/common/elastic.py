@@ -8,6 +8,7 @@ newest round of the driver that includes it (:func:`join_round`), takes the
 rank, size and place that round gives it, and then starts the TCP
 controller in that round's own store scope.
 """
+import copy
 import functools
 import os
 import sys
@@ -255,6 +256,41 @@ class State:
     def sync(self):
         """Makes every rank's state rank 0's, and saves it."""
         raise NotImplementedError
+
+
+class ObjectState(State):
+    """State made of plain Python values, kept as attributes; the frameworks'
+    ``ObjectState`` classes give it their broadcast and rank.
+
+    Args:
+        bcast_object: callable(obj, root_rank) -> rank 0's obj on every rank.
+        get_rank: callable() -> this process's rank.
+        **kwargs: the values, e.g. ``epoch=0, batch=0``.
+    """
+
+    def __init__(self, bcast_object, get_rank, **kwargs):
+        super().__init__()
+        self._bcast_object = bcast_object
+        self._get_rank = get_rank
+        self._saved_state = kwargs
+        self._set_attrs()
+
+    def _set_attrs(self):
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))
+
+    def save(self):
+        self._saved_state = {name: copy.deepcopy(getattr(self, name))
+                             for name in self._saved_state}
+
+    def restore(self):
+        self._set_attrs()
+
+    def sync(self):
+        if self._saved_state:
+            current = {name: getattr(self, name) for name in self._saved_state}
+            self._saved_state = self._bcast_object(current, 0)
+            self._set_attrs()
 
 
 def run_fn(func, reset, is_internal_error):

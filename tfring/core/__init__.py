@@ -25,5 +25,7 @@ from tfring.core.process_sets import (ProcessSet, add_process_set,  # noqa: F401
 from tfring.core.ops import (Adasum, Average, Handle, Max, Min, Product, Sum,  # noqa: F401
                              allgather, allgather_async, allreduce, allreduce_async, alltoall,
                              alltoall_async, barrier, broadcast, broadcast_async,
-                             grouped_allreduce, grouped_allreduce_async, join, reducescatter,
+                             grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                             grouped_allreduce_async, grouped_reducescatter,
+                             grouped_reducescatter_async, join, reducescatter,
                              reducescatter_async, synchronize)

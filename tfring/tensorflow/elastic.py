@@ -17,8 +17,6 @@ Example::
 
     train(state)
 """
-import copy
-
 import tensorflow as tf
 
 from tfring.common import basics
@@ -95,7 +93,7 @@ class _TensorFlowStateBase(State):
                                      name="tfring_elastic_round").numpy())
 
 
-class ObjectState(_TensorFlowStateBase):
+class ObjectState(_TensorFlowStateBase, _elastic.ObjectState):
     """State made of plain Python values, given as keyword arguments and read
     and written as attributes.
 
@@ -112,28 +110,8 @@ class ObjectState(_TensorFlowStateBase):
     """
 
     def __init__(self, bcast_object=None, get_rank=None, **kwargs):
-        super().__init__()
-        self._bcast_object = bcast_object or functions.broadcast_object
-        self._get_rank = get_rank or basics.rank
-        self._saved_state = kwargs
-        self._set_attrs()
-
-    def _set_attrs(self):
-        for name, value in self._saved_state.items():
-            setattr(self, name, copy.deepcopy(value))
-
-    def save(self):
-        self._saved_state = {name: copy.deepcopy(getattr(self, name))
-                             for name in self._saved_state}
-
-    def restore(self):
-        self._set_attrs()
-
-    def sync(self):
-        if self._saved_state:
-            current = {name: getattr(self, name) for name in self._saved_state}
-            self._saved_state = self._bcast_object(current, 0)
-            self._set_attrs()
+        super().__init__(bcast_object or functions.broadcast_object, get_rank or basics.rank,
+                         **kwargs)
 
 
 class TensorFlowState(ObjectState):

@@ -1,0 +1,116 @@
+"""DistributedOptimizer and SyncBatchNorm: N ranks, each with b rows of every
+batch, end with the weights of one process training on all N*b rows."""
+import pytest
+import torch
+
+import tfring.torch as hvd
+
+STEPS, ROWS = 3, 4   # steps, and rows per rank per (micro-)batch
+
+
+def _model(sync_bn=False, bn=False, dtype=torch.float64):
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(5, 8)]
+    if sync_bn:
+        layers.append(hvd.SyncBatchNorm(8))
+    elif bn:
+        layers.append(torch.nn.BatchNorm1d(8))
+    layers += [torch.nn.Tanh(), torch.nn.Linear(8, 1)]
+    return torch.nn.Sequential(*layers).to(dtype)
+
+
+def _batches(size, passes, dtype):
+    """Per step and pass: the global batch (size*ROWS rows, rank r's are the
+    r-th ROWS)."""
+    g = torch.Generator().manual_seed(1)
+    return [[(torch.randn(size * ROWS, 5, generator=g, dtype=dtype),
+              torch.randn(size * ROWS, 1, generator=g, dtype=dtype)) for _ in range(passes)]
+            for _ in range(STEPS)]
+
+
+def _train(model, opt, batches, rows):
+    for step in batches:
+        opt.zero_grad()
+        for x, y in step:
+            torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+        opt.step()
+    return model
+
+
+def _check(make_opt, rank, size, passes=1, tol=1e-5, dtype=torch.float64, sync_bn=False,
+           **kwargs):
+    batches = _batches(size, passes, dtype)
+    reference = _model(bn=sync_bn, dtype=dtype)
+    _train(reference, make_opt(reference.parameters()), batches, slice(None))
+    model = _model(sync_bn=sync_bn, dtype=dtype)
+    if callable(kwargs.get("groups")):
+        kwargs["groups"] = kwargs["groups"](model)
+    opt = hvd.DistributedOptimizer(make_opt(model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=passes, **kwargs)
+    _train(model, opt, batches, slice(rank * ROWS, (rank + 1) * ROWS))
+    expected = reference.state_dict()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value.double(), expected[name].double(), rtol=tol, atol=tol,
+                                   msg=name)
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
+@pytest.mark.parametrize("make_opt", [sgd, adam])
+def test_equivalence(make_opt, rank, size):
+    _check(make_opt, rank, size)
+
+
+def test_equivalence_with_two_backward_passes_per_step(rank, size):
+    _check(sgd, rank, size, passes=2)
+
+
+@pytest.mark.parametrize("groups", [2, "first layer"])
+def test_equivalence_with_groups(groups, rank, size):
+    if groups == "first layer":
+        def groups(model):
+            return [list(model[0].parameters())]
+    _check(sgd, rank, size, groups=groups)
+
+
+def test_equivalence_with_fp16_compression(rank, size):
+    _check(sgd, rank, size, dtype=torch.float32, tol=2e-3, compression=hvd.Compression.fp16)
+
+
+def test_equivalence_with_predivide_factor(rank, size):
+    _check(adam, rank, size, gradient_predivide_factor=2.0)
+
+
+def test_sync_batch_norm_equals_batch_norm_on_the_full_batch(rank, size):
+    _check(sgd, rank, size, sync_bn=True)
+
+
+def test_synchronize_then_skip_synchronize(rank, size):
+    model = _model()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()))
+    x = torch.full((2, 5), float(rank + 1), dtype=torch.float64)
+    model(x).sum().backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        if size > 1:
+            opt.zero_grad()
+        else:
+            raise AssertionError("zero_grad: nothing pending at one rank")
+    opt.synchronize()
+    grads = [p.grad.clone() for p in model.parameters()]
+    for g in grads:
+        gathered = hvd.allgather(g.reshape(1, -1))
+        assert torch.equal(gathered, gathered[:1].expand_as(gathered))
+    with opt.skip_synchronize():
+        opt.step()
+    assert isinstance(opt, torch.optim.SGD)
+    model(x).sum().backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="second time"):
+        opt.step()

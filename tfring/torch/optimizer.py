@@ -1,0 +1,244 @@
+"""DistributedOptimizer for tfring.torch: gradients are averaged across
+ranks while the backward pass runs.
+
+Each parameter's gradient starts its allreduce from the parameter's
+post-accumulate-grad hook, that is as soon as autograd has finished it, so
+communication overlaps the rest of the backward pass. ``step()`` waits for
+them (``synchronize()``), writes the averages into ``.grad`` and steps.
+"""
+import contextlib
+import warnings
+
+import torch
+
+import tfring.core as _core
+from tfring.torch import mpi_ops
+from tfring.torch.compression import Compression
+from tfring.torch.mpi_ops import Adasum, Average, Sum, global_process_set
+
+
+class _DistributedOptimizer:
+    """The methods mixed into the user's optimizer class (see
+    :func:`DistributedOptimizer`)."""
+
+    def _tfring_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                      gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if any(not (isinstance(n, tuple) and len(n) == 2) for n in named):
+                raise ValueError("named_parameters must be (name, parameter) pairs, as "
+                                 "model.named_parameters() gives")
+            names = {id(p): n for n, p in named}
+            if len(set(names.values())) != len(named):
+                raise ValueError("named_parameters has duplicate names")
+            missing = [p for p in params if id(p) not in names]
+            if missing:
+                raise ValueError(f"named_parameters lacks {len(missing)} of the optimizer's "
+                                 "parameters: give every parameter the optimizer updates")
+        else:
+            names = {id(p): f"param.{i}" for i, p in enumerate(params)}
+        if op not in (Average, Sum, Adasum):
+            raise ValueError("DistributedOptimizer: op must be Average, Sum or Adasum")
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be at least 1")
+        self._names = names
+        self._compression = compression
+        self._passes = int(backward_passes_per_step)
+        self._op = op
+        self._prescale = 1.0 / gradient_predivide_factor
+        self._postscale = float(gradient_predivide_factor)
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        self._groups = self._make_groups(params, groups)
+        self._group_of = {id(p): g for g, members in enumerate(self._groups) for p in members}
+        self._pending = {}        # group index -> (handle, [(param, compression ctx)])
+        self._ready = {}          # group index -> params whose gradient is final
+        self._countdown = {id(p): self._passes for p in params}
+        self._synchronized = False
+        self._skip = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
+                       for p in params if p.requires_grad]
+        self._step_count = 0
+
+    @staticmethod
+    def _make_groups(params, groups):
+        """Lists of parameters reduced together: one per parameter (None),
+        ``groups`` of about equal length (an int), or the given lists (the
+        parameters in none of them alone)."""
+        if groups is None:
+            return [[p] for p in params]
+        if isinstance(groups, int):
+            if groups < 1:
+                raise ValueError("groups must be a positive int or a list of parameter lists")
+            per = -(-len(params) // groups)
+            return [params[i:i + per] for i in range(0, len(params), per)]
+        listed = {id(p) for g in groups for p in g}
+        known = {id(p) for p in params}
+        if not listed <= known:
+            raise ValueError("groups names parameters the optimizer does not have")
+        return [list(g) for g in groups if g] + [[p] for p in params if id(p) not in listed]
+
+    def _group_name(self, g):
+        return "tfring.grad." + "+".join(self._names[id(p)] for p in self._groups[g][:2]) + (
+            f"+{len(self._groups[g]) - 2}" if len(self._groups[g]) > 2 else "")
+
+    def _on_grad(self, p):
+        if self._skip_hooks():
+            return
+        key = id(p)
+        self._countdown[key] -= 1
+        if self._countdown[key] > 0:
+            return
+        if self._countdown[key] < 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before "
+                "step() or synchronize(): raise backward_passes_per_step, or call step()")
+        g = self._group_of[key]
+        ready = self._ready.setdefault(g, [])
+        ready.append(p)
+        if len(ready) == len(self._groups[g]):
+            self._start(g)
+
+    def _skip_hooks(self):
+        return _core.size() == 1 and self._op != Adasum and self._prescale * self._postscale == 1
+
+    def _grad(self, p):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            if not self._sparse_as_dense:
+                raise ValueError("tfring: sparse gradients are reduced as dense ones only: "
+                                 "pass sparse_as_dense=True")
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _start(self, g):
+        params = self._groups[g]
+        compressed = [self._compression.compress(self._grad(p)) for p in params]
+        handle = mpi_ops.grouped_allreduce_async(
+            [c[0] for c in compressed], name=self._group_name(g), op=self._op,
+            prescale_factor=self._prescale, postscale_factor=self._postscale,
+            process_set=self._process_set)
+        self._pending[g] = (handle, [(p, c[1]) for p, c in zip(params, compressed)])
+        self._ready.pop(g, None)
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce and writes the results into
+        ``.grad``; starts those whose hook did not run (a parameter unused in
+        this step is reduced as zeros, so that every rank makes the same
+        calls).
+
+        Raises:
+            HorovodInternalError: an allreduce failed.
+
+        Example:
+            >>> loss.backward()
+            >>> optimizer.synchronize()
+            >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            >>> with optimizer.skip_synchronize():
+            ...     optimizer.step()
+        """
+        if not self._skip_hooks():
+            for g in range(len(self._groups)):
+                if g not in self._pending:
+                    self._start(g)
+        try:
+            for g in sorted(self._pending):
+                handle, params = self._pending[g]
+                reduced = mpi_ops.synchronize(handle)
+                with torch.no_grad():
+                    for (p, ctx), r in zip(params, reduced):
+                        p.grad.copy_(self._compression.decompress(r, ctx))
+        finally:
+            self._pending.clear()
+            self._ready.clear()
+            for key in self._countdown:
+                self._countdown[key] = self._passes
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within it, step() does not call synchronize() (call it yourself
+        first, e.g. to clip the reduced gradients)."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def step(self, closure=None):
+        """Waits for the gradients' allreduces (unless within
+        skip_synchronize()) and takes the wrapped optimizer's step."""
+        if self._skip:
+            if not self._synchronized:
+                warnings.warn("step() in skip_synchronize() without synchronize() first: "
+                              "the gradients are this rank's own")
+        else:
+            if self._synchronized:
+                warnings.warn("step() after synchronize() outside skip_synchronize(): the "
+                              "gradients are reduced a second time (use skip_synchronize())")
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        """The wrapped optimizer's zero_grad().
+
+        Raises:
+            AssertionError: allreduces are pending (zero_grad() between
+                backward() and step()/synchronize()).
+        """
+        if self._pending:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize()")
+        return super().zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         groups=None, sparse_as_dense=False, process_set=global_process_set):
+    """Wraps a torch optimizer so that its step() uses gradients averaged
+    (or summed) across the ranks of ``process_set``.
+
+    The result is an instance of a subclass of the optimizer's own class
+    (``isinstance(opt, torch.optim.SGD)`` stays true) sharing its
+    param_groups and state.
+
+    Args:
+        optimizer: a torch.optim.Optimizer.
+        named_parameters: ``model.named_parameters()``: names the
+            allreduces (default: numbered in parameter order).
+        compression: Compression.none or Compression.fp16.
+        backward_passes_per_step: backward passes whose gradients torch sums
+            locally before one allreduce.
+        op: Average (default), Sum or Adasum.
+        gradient_predivide_factor: divides before the sum and multiplies
+            after it (op=Average only).
+        groups: None (one allreduce per parameter), an int (that many
+            groups), or lists of parameters reduced together.
+        sparse_as_dense: reduce sparse gradients as dense tensors.
+        process_set: the ranks that average (default: every rank).
+
+    Returns:
+        The distributed optimizer.
+
+    Raises:
+        ValueError: bad arguments (a parameter missing from
+            named_parameters, op not Average/Sum/Adasum, ...).
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+        ...                                named_parameters=model.named_parameters())
+        >>> loss.backward(); opt.step()
+    """
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    # Share the wrapped optimizer's attributes (param_groups, state, defaults
+    # and torch's hooks) rather than constructing a second one.
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._tfring_setup(named_parameters, compression, backward_passes_per_step, op,
+                          gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    return wrapped
