@@ -383,7 +383,8 @@ def test_stall_shutdown_fails_every_rank_with_the_stall(jobs, job, controller):
                          r"\(TFRING_STALL_SHUTDOWN_TIME_SECONDS=2\)", message), job.describe()
         # Rank 1 would have submitted after 20 s: the stall ended it long before.
         assert float(seconds) < 12, job.describe()
-        assert results[rank].get("ABORTED_CAUSE") == "timeout None aborted,internal", \
+        # A timeout, naming the rank the tensor waited for.
+        assert results[rank].get("ABORTED_CAUSE") == "timeout 1 aborted,internal", \
             job.describe()
     # Both ranks handled the error and MPI is intact: the job ends cleanly.
     assert job.returncode == 0, job.describe()
@@ -402,6 +403,8 @@ def test_stall_shutdown_time_alone_stops_the_job(jobs, job, controller):
         seconds, message = results[rank]["ABORTED"].split(" ", 1)
         assert "a stall: tensor 'stalled_tensor' in process set 0 has waited" in message
         assert float(seconds) < 5.5, job.describe()  # rank 1 would have submitted at 6 s
+        assert results[rank].get("ABORTED_CAUSE") == "timeout 1 aborted,internal", \
+            job.describe()
     assert "Stall: tensor" not in job.output, "no warning before the 60 s warning time"
 
 

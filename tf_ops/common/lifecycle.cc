@@ -55,6 +55,7 @@ Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
   st.shutdown_requested = false;
   st.shutdown_reason.clear();
   st.shutdown_cause = FailureCause::SHUTDOWN;
+  st.shutdown_rank = -1;
   SetLogging(st.config.log_level, st.config.log_timestamps, backend->rank());
   // A first global set, on the fallback plane only, learns the topology; the
   // real one is then built knowing which ranks share a host (for shared
@@ -116,7 +117,8 @@ Status Shutdown(const std::string& reason) {
   if (!st.running) return Status::OK();
   RequestShutdown(FailureCause::SHUTDOWN,
                   "rank " + std::to_string(st.topo.rank) +
-                      (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason));
+                      (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason),
+                  st.topo.rank);
   if (st.background.joinable()) st.background.join();
   {
     std::lock_guard<std::mutex> elock(st.enqueue_mu);

@@ -188,7 +188,7 @@ Status TcpBackend::CreateProcessSet(ProcessSet* set, const Config& config) {
   if (!hosts_.empty()) {
     for (int r : set->ranks) hosts.push_back(hosts_[r]);
   }
-  set->data_plane = MakeDataPlane(comm, nullptr, hosts, config);
+  set->data_plane = MakeDataPlane(comm, nullptr, hosts, config, rank());
   if (!set->data_plane) {
     return Status::Aborted("tfring: no data plane could be made for process set " +
                            std::to_string(set->id) + " over TCP (see the log above)");
