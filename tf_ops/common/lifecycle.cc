@@ -8,6 +8,7 @@
 #include "global_state.h"
 #include "logging.h"
 #include "operations.h"
+#include "transport/registry.h"
 
 namespace tfring {
 
@@ -167,6 +168,26 @@ bool CommunicationBroken() { return state().comm_broken; }
 bool MPIThreadsSupported() {
   GlobalState& st = state();
   return st.backend && st.backend->threads_supported();
+}
+
+Status StartTransport(const std::string& name, const TransportArgs& args) {
+  auto it = TransportTable().find(name);
+  if (it == TransportTable().end()) {
+    return Status::Misconfigured("tfring: this library has no transport named '" + name + "'");
+  }
+  std::unique_ptr<Backend> backend;
+  // A transport this build left out only explains that.
+  if (!it->second.built) return it->second.make(Config(), args, &backend);
+  // Decided before the backend exists: making one is collective (MPI
+  // duplicates its communicator, TCP registers with the store), which would
+  // wait for ranks that never come while tfring runs, and may hang when the
+  // communication broke earlier.
+  bool running = false;
+  TFRING_RETURN_IF_ERROR(CheckCanStart(&running));
+  if (running) return Status::OK();
+  const Config config = Config::FromEnvironment();
+  TFRING_RETURN_IF_ERROR(it->second.make(config, args, &backend));
+  return Initialize(std::move(backend), config);
 }
 
 }  // namespace tfring
