@@ -9,7 +9,7 @@
 
 #include "common/gpu_support.h"
 #include "common/operations.h"
-#include "common/transport/entry_points.h"
+#include "common/transport/registry.h"
 
 namespace py = pybind11;
 
@@ -20,16 +20,18 @@ void DefineLifecycle(py::module_& m) {
     Status s;
     {
       py::gil_scoped_release release;
-      s = InitializeMPI(fortran_comm);
+      TransportArgs args;
+      args.fortran_comm = fortran_comm;
+      s = StartTransport("mpi", args);
     }
     return StatusTuple(s);
   });
-  m.def("mpi_built", &MPIBuilt);
+  m.def("mpi_built", []() { return TransportBuilt("mpi"); });
   m.def("init_tcp", []() {
     Status s;
     {
       py::gil_scoped_release release;
-      s = InitializeTCP();
+      s = StartTransport("tcp", TransportArgs());
     }
     return StatusTuple(s);
   });
@@ -120,6 +122,7 @@ void DefineLifecycle(py::module_& m) {
     d["inline"] = p.speculation.inline_responses;
     return d;
   });
+  m.def("queued_collectives", &QueuedCollectives, py::call_guard<py::gil_scoped_release>());
   // Copies host staging has made between a GPU and host memory since load
   // (0 while every GPU tensor stays on its GPU).
   m.def("host_staging_copies", &HostStagingCopies);

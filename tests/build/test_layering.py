@@ -39,7 +39,7 @@ TF_OPS = os.path.join(ROOT, "tf_ops")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 # Files allowed to include MPI besides the MPI transport's own: the C++ test
 # programs that unit_tests.MPI_UNIT_TESTS names (built with mpicxx).
-# The bindings reach every transport through transport/entry_points.h.
+# The bindings reach every transport through transport/registry.h.
 MPI_TESTS = {os.path.join("tf_ops", "common", "tests", *p.split("/"))
              for p in unit_tests.MPI_UNIT_TESTS}
 
@@ -90,7 +90,7 @@ def test_the_mpi_transport_is_what_a_build_without_mpi_leaves_out():
 def test_the_check_finds_mpi_includes(tmp_path):
     """The check itself: an MPI include anywhere else, directly or through a
     file of the MPI transport, is found, in the Python module too (even
-    behind `#if TFRING_WITH_MPI`: the bindings use transport/entry_points.h)."""
+    behind `#if TFRING_WITH_MPI`: the bindings use transport/registry.h)."""
     common = tmp_path / "tf_ops" / "common"
     (common / "ops").mkdir(parents=True)
     (common / "mpi").mkdir()

@@ -34,6 +34,23 @@ def _wait_for(names, seconds=20.0):
         time.sleep(0.02)
 
 
+def _wait_until_queued(seconds=20.0):
+    """Waits until this rank's core holds a collective it submitted (on
+    another thread) that has not run: the collective is in flight."""
+    deadline = time.time() + seconds
+    while basics._queued_collectives() == 0 and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def _report_queued(name):
+    """Writes DIR/NAME once this rank's next collective is in flight, from
+    a thread, so the test signals only then."""
+    def watch():
+        _wait_until_queued()
+        _write(name, "1")
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def say(*words):
     print("RESULT", RANK, *words, flush=True)
 
@@ -45,6 +62,7 @@ with open(f"/proc/{os.getppid()}/comm") as _f:
 import tensorflow as tf  # noqa: E402
 
 import tfring.tensorflow as hvd  # noqa: E402
+from tfring.common import basics  # noqa: E402
 
 
 def start():
@@ -129,6 +147,8 @@ def stall():
     if hvd.rank() != 0:
         while hvd.is_initialized() and time.time() < begin + wait:
             time.sleep(0.05)
+    else:
+        _report_queued("queued.0")
     try:
         out = hvd.allreduce(tf.ones([3]), op=hvd.Sum, name="stalled_tensor")
         say("COMPLETED", f"{time.time() - begin:.3f}", out.numpy()[0])
@@ -155,7 +175,7 @@ def shutdown_pending():
                 outcome.append(f"OTHER {type(e).__name__} {one_line(str(e))}")
         thread = threading.Thread(target=pending)
         thread.start()
-        time.sleep(1.0)  # the collective is in flight
+        _wait_until_queued()
         begin = time.time()
         hvd.shutdown()
         thread.join(timeout=10)

@@ -79,6 +79,26 @@ def test_unknown_controller_is_named():
         basics.configured_controller({"HOROVOD_CONTROLLER": "nccl"})
 
 
+def test_every_registered_transport_is_chosen_by_its_names_and_flags(monkeypatch):
+    """The table in tfring/common/transports.py is where the start-up and
+    tfringrun learn the transports: a transport added there (here a made-up
+    one) is accepted under its name and aliases and gets its tfringrun flag,
+    with no other change."""
+    from tfring.common import transports
+    from tfring.runner import launch
+    extra = transports.Transport("carrier", ("pigeon",), "init_carrier", takes_comm=False,
+                                 elastic=False, flags=("--carrier",), help="by air")
+    monkeypatch.setattr(transports, "TRANSPORTS", transports.TRANSPORTS + (extra,))
+    for t in transports.TRANSPORTS:
+        for name in (t.name, *t.aliases):
+            assert basics.configured_controller({"TFRING_CONTROLLER": name.upper()}) == t.name
+        args = launch.build_parser().parse_args([t.flags[-1], "-np", "1", "true"])
+        assert getattr(args, t.name) is True
+    with pytest.raises(ValueError, match=r"use mpi or tcp or carrier \(gloo means tcp, "
+                                         r"pigeon means carrier\)"):
+        basics.configured_controller({"TFRING_CONTROLLER": "smoke"})
+
+
 def test_tcp_init_never_touches_mpi():
     result = run_with_fake_core("""
         atexit.register(lambda: print("at exit:", core.calls, "mpi4py" in sys.modules))

@@ -185,7 +185,8 @@ def _run_job(name, controller, directory):
 def _run_and_interrupt(name, controller, directory):
     """Starts the job, waits until every rank has written its ready file
     (looping: it loops over collectives; shm: it has joined MPI's shared
-    memory), then signals tfringrun: SIGINT as a terminal's Ctrl-C would."""
+    memory; then until rank 0's collective is in flight), then signals
+    tfringrun: SIGINT as a terminal's Ctrl-C would."""
     ready, signum = _STOPPED[name]
     np_, cmd = _command(name, directory)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **_env(name))
@@ -195,14 +196,13 @@ def _run_and_interrupt(name, controller, directory):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT
-        while not all(os.path.exists(os.path.join(directory, f"{ready}.{r}"))
-                      for r in range(np_)):
+        # A stalled job's rank 0 writes queued.0 once its collective is in flight.
+        files = [f"{ready}.{r}" for r in range(np_)] + (["queued.0"] if ready == "shm" else [])
+        while not all(os.path.exists(os.path.join(directory, f)) for f in files):
             if proc.poll() is not None or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         else:
-            if ready == "shm":
-                time.sleep(1.0)  # rank 0 is in its collective by now
             proc.send_signal(signum)
         output, _ = proc.communicate(timeout=JOB_TIMEOUT + 30)
         return proc.returncode, output
@@ -383,7 +383,8 @@ def test_stall_shutdown_fails_every_rank_with_the_stall(jobs, job, controller):
                          r"\(TFRING_STALL_SHUTDOWN_TIME_SECONDS=2\)", message), job.describe()
         # Rank 1 would have submitted after 20 s: the stall ended it long before.
         assert float(seconds) < 12, job.describe()
-        assert results[rank].get("ABORTED_CAUSE") == "timeout None aborted,internal", \
+        # A timeout, naming the rank the tensor waited for.
+        assert results[rank].get("ABORTED_CAUSE") == "timeout 1 aborted,internal", \
             job.describe()
     # Both ranks handled the error and MPI is intact: the job ends cleanly.
     assert job.returncode == 0, job.describe()
@@ -402,6 +403,8 @@ def test_stall_shutdown_time_alone_stops_the_job(jobs, job, controller):
         seconds, message = results[rank]["ABORTED"].split(" ", 1)
         assert "a stall: tensor 'stalled_tensor' in process set 0 has waited" in message
         assert float(seconds) < 5.5, job.describe()  # rank 1 would have submitted at 6 s
+        assert results[rank].get("ABORTED_CAUSE") == "timeout 1 aborted,internal", \
+            job.describe()
     assert "Stall: tensor" not in job.output, "no warning before the 60 s warning time"
 
 

@@ -98,7 +98,7 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       mine.shutdown = true;
       mine.shutdown_reason = st.shutdown_reason;
       mine.shutdown_cause = static_cast<int32_t>(st.shutdown_cause);
-      mine.shutdown_rank = st.topo.rank;
+      mine.shutdown_rank = st.shutdown_rank;
     }
     ResponseList responses;
     // Speculation needs the global set alone: a rank waiting inside a
@@ -166,13 +166,12 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       st.spec_stats.failures = c.failures;
     }
     if (ps->id == kGlobalProcessSetId && responses.shutdown) {
-      // A stall stops the job as a timeout; the rank is the one whose
-      // shutdown() (or end of script) stopped it.
-      const auto cause = static_cast<FailureCause>(responses.shutdown_cause);
-      *why = Status::Make(StatusCode::ABORTED, cause,
+      // The rank is the one whose shutdown() (or end of script) stopped the
+      // job, or for a stall (a timeout) the rank the tensor waited for.
+      *why = Status::Make(StatusCode::ABORTED, static_cast<FailureCause>(responses.shutdown_cause),
                           "tfring has been shut down: " + responses.shutdown_reason +
                               ". Collectives can no longer run in this job.",
-                          cause == FailureCause::SHUTDOWN ? responses.shutdown_rank : -1);
+                          responses.shutdown_rank);
       return false;
     }
   }
@@ -181,13 +180,14 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
 
 }  // namespace
 
-void RequestShutdown(FailureCause cause, const std::string& reason) {
+void RequestShutdown(FailureCause cause, const std::string& reason, int rank) {
   GlobalState& st = state();
   {
     std::lock_guard<std::mutex> lock(st.reason_mu);
     if (st.shutdown_requested) return;
     st.shutdown_reason = reason;
     st.shutdown_cause = cause;
+    st.shutdown_rank = rank;
   }
   st.shutdown_requested = true;
   WakeBackground();
@@ -226,8 +226,10 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
                                "stuck or on a different code path.";
       }
       if (can_stop && stalled.first.seconds >= c.stall_shutdown_time_s) {
-        RequestShutdown(FailureCause::TIMEOUT, "a stall: " + what + " (TFRING_STALL_SHUTDOWN_TIME_SECONDS=" +
-                        std::to_string(static_cast<int>(c.stall_shutdown_time_s)) + ")");
+        RequestShutdown(FailureCause::TIMEOUT,
+                        "a stall: " + what + " (TFRING_STALL_SHUTDOWN_TIME_SECONDS=" +
+                            std::to_string(static_cast<int>(c.stall_shutdown_time_s)) + ")",
+                        stalled.second.empty() ? -1 : stalled.second.front());
       }
     }
   }

@@ -18,9 +18,10 @@ void BackgroundLoop();
 // Starts a cycle at once instead of at the next tick.
 void WakeBackground();
 // Asks every rank to stop (in the next negotiation round); `reason` is what
-// the other ranks' errors will say, and `cause` (SHUTDOWN, or TIMEOUT for a
-// stall) what kind of failure they get, naming this rank.
-void RequestShutdown(FailureCause cause, const std::string& reason);
+// the other ranks' errors will say, `cause` (SHUTDOWN, or TIMEOUT for a
+// stall) what kind of failure they get, and `rank` the rank they name (this
+// one for a shutdown, the first rank a stalled tensor waits for; -1: none).
+void RequestShutdown(FailureCause cause, const std::string& reason, int rank);
 // Runs the global set's next speculated responses on the thread that just
 // submitted a tensor, when no other thread drives: in the steady state that
 // saves two thread hand-offs per collective (waking the background thread,

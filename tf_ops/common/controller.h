@@ -113,7 +113,10 @@ class Controller {
 
   // validation.cc: the coordinator's checks of one tensor's requests.
   Response Validate(const std::string& name, const PendingTensor& pending) const;
-  static Response ErrorResponse(const std::string& name, const std::string& message);
+  // Fails `name` on every rank; `cause` says whether ranks disagreed
+  // (MISMATCH) or agreed on something that cannot run (INVALID_ARGUMENT).
+  static Response ErrorResponse(const std::string& name, const std::string& message,
+                                FailureCause cause = FailureCause::MISMATCH);
   std::string RankList(const std::vector<int>& set_ranks) const;
   std::string GroupFailure(const std::string& group) const;
 

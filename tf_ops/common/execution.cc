@@ -349,7 +349,7 @@ void PerformRemoveProcessSet(ProcessSet& global, const Response& r) {
 
 void PerformOperation(ProcessSet& ps, const Response& r) {
   if (r.type == ResponseType::ERROR) {
-    return CompleteQueued(ps, r.tensor_names, Status::PreconditionError(r.error_message));
+    return CompleteQueued(ps, r.tensor_names, Status::PreconditionError(r.error_message, r.error_cause));
   }
   switch (r.collective) {
     case CollectiveType::ALLREDUCE: PerformAllreduce(ps, r); break;

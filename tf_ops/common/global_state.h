@@ -30,6 +30,7 @@ struct GlobalState {
   std::mutex reason_mu;
   std::string shutdown_reason;
   FailureCause shutdown_cause = FailureCause::SHUTDOWN;
+  int shutdown_rank = -1;
   // Guards `stopped` against Enqueue so nothing slips in after the final FailAll.
   std::mutex enqueue_mu;
   bool stopped = true;

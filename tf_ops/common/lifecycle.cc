@@ -8,6 +8,7 @@
 #include "global_state.h"
 #include "logging.h"
 #include "operations.h"
+#include "transport/registry.h"
 
 namespace tfring {
 
@@ -55,6 +56,7 @@ Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
   st.shutdown_requested = false;
   st.shutdown_reason.clear();
   st.shutdown_cause = FailureCause::SHUTDOWN;
+  st.shutdown_rank = -1;
   SetLogging(st.config.log_level, st.config.log_timestamps, backend->rank());
   // A first global set, on the fallback plane only, learns the topology; the
   // real one is then built knowing which ranks share a host (for shared
@@ -116,7 +118,8 @@ Status Shutdown(const std::string& reason) {
   if (!st.running) return Status::OK();
   RequestShutdown(FailureCause::SHUTDOWN,
                   "rank " + std::to_string(st.topo.rank) +
-                      (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason));
+                      (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason),
+                  st.topo.rank);
   if (st.background.joinable()) st.background.join();
   {
     std::lock_guard<std::mutex> elock(st.enqueue_mu);
@@ -165,6 +168,26 @@ bool CommunicationBroken() { return state().comm_broken; }
 bool MPIThreadsSupported() {
   GlobalState& st = state();
   return st.backend && st.backend->threads_supported();
+}
+
+Status StartTransport(const std::string& name, const TransportArgs& args) {
+  auto it = TransportTable().find(name);
+  if (it == TransportTable().end()) {
+    return Status::Misconfigured("tfring: this library has no transport named '" + name + "'");
+  }
+  std::unique_ptr<Backend> backend;
+  // A transport this build left out only explains that.
+  if (!it->second.built) return it->second.make(Config(), args, &backend);
+  // Decided before the backend exists: making one is collective (MPI
+  // duplicates its communicator, TCP registers with the store), which would
+  // wait for ranks that never come while tfring runs, and may hang when the
+  // communication broke earlier.
+  bool running = false;
+  TFRING_RETURN_IF_ERROR(CheckCanStart(&running));
+  if (running) return Status::OK();
+  const Config config = Config::FromEnvironment();
+  TFRING_RETURN_IF_ERROR(it->second.make(config, args, &backend));
+  return Initialize(std::move(backend), config);
 }
 
 }  // namespace tfring

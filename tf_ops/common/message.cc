@@ -77,7 +77,7 @@ bool Request::operator==(const Request& o) const {
 
 bool Response::operator==(const Response& o) const {
   return type == o.type && collective == o.collective && tensor_names == o.tensor_names &&
-         error_message == o.error_message && dtype == o.dtype && reduce_op == o.reduce_op &&
+         error_message == o.error_message && error_cause == o.error_cause && dtype == o.dtype && reduce_op == o.reduce_op &&
          prescale_factor == o.prescale_factor && postscale_factor == o.postscale_factor &&
          root_rank == o.root_rank && tensor_sizes == o.tensor_sizes &&
          int_result == o.int_result && ranks == o.ranks && devices == o.devices;
@@ -159,6 +159,7 @@ std::string SerializeResponseList(const ResponseList& list) {
     w.Pod<uint64_t>(r.tensor_names.size());
     for (const auto& name : r.tensor_names) w.Str(name);
     w.Str(r.error_message);
+    w.Pod(static_cast<int32_t>(r.error_cause));
     w.Pod(static_cast<int32_t>(r.dtype));
     w.Pod(static_cast<int32_t>(r.reduce_op));
     w.Pod(r.prescale_factor);
@@ -191,7 +192,7 @@ Status ParseResponseList(const std::string& bytes, ResponseList* list) {
   list->responses.clear();
   for (uint64_t i = 0; i < n; ++i) {
     Response r;
-    int32_t type, collective, dtype, op;
+    int32_t type, collective, dtype, op, cause;
     uint64_t names = 0;
     if (!rd.Pod(&type) || !rd.Pod(&collective) || !rd.Pod(&names)) return bad;
     if (names > bytes.size()) return bad;
@@ -199,13 +200,14 @@ Status ParseResponseList(const std::string& bytes, ResponseList* list) {
     for (auto& name : r.tensor_names) {
       if (!rd.Str(&name)) return bad;
     }
-    if (!rd.Str(&r.error_message) || !rd.Pod(&dtype) || !rd.Pod(&op) ||
+    if (!rd.Str(&r.error_message) || !rd.Pod(&cause) || !rd.Pod(&dtype) || !rd.Pod(&op) ||
         !rd.Pod(&r.prescale_factor) || !rd.Pod(&r.postscale_factor) || !rd.Pod(&r.root_rank) ||
         !rd.Ints(&r.tensor_sizes) || !rd.Pod(&r.int_result) || !rd.Ints(&r.ranks) ||
         !rd.Ints(&r.devices)) {
       return bad;
     }
     r.type = static_cast<ResponseType>(type);
+    r.error_cause = static_cast<FailureCause>(cause);
     r.collective = static_cast<CollectiveType>(collective);
     r.dtype = static_cast<DataType>(dtype);
     r.reduce_op = static_cast<ReduceOp>(op);

@@ -57,6 +57,10 @@ struct Response {
   CollectiveType collective = CollectiveType::ALLREDUCE;
   std::vector<std::string> tensor_names;
   std::string error_message;
+  // ERROR: why, so every rank raises the same cause: MISMATCH when ranks
+  // disagree, INVALID_ARGUMENT when what they agree on is itself bad (a root
+  // outside the set, splits that do not fit, a scalar to gather).
+  FailureCause error_cause = FailureCause::MISMATCH;
   DataType dtype = DataType::FLOAT32;
   ReduceOp reduce_op = ReduceOp::SUM;
   double prescale_factor = 1.0;

@@ -152,6 +152,12 @@ RuntimeParams GetRuntimeParams() {
   return p;
 }
 
+int64_t QueuedCollectives() {
+  int64_t n = 0;
+  for (const auto& ps : state().process_sets.All()) n += static_cast<int64_t>(ps->queue.size());
+  return n;
+}
+
 Status StartTimeline(const std::string& path, bool mark_cycles) {
   TFRING_RETURN_IF_ERROR(CheckInitialized());
   if (Rank() != 0) return Status::OK();  // rank 0 writes the timeline

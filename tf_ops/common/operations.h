@@ -23,10 +23,10 @@ class Backend;
 // Starts tfring over `backend` (a transport's, see process_set.h): learns the
 // topology, starts the peer monitor, builds the global process set and starts
 // the background thread. Idempotent while running (`backend` is then
-// dropped); after shutdown() it starts afresh. Transports have their own
-// entry points that make the backend (transport/entry_points.h).
+// dropped); after shutdown() it starts afresh. A binding starts a transport
+// by name (StartTransport, transport/registry.h), which makes its backend.
 // `config` is what the transport made the backend with (read once from the
-// environment by the entry point).
+// environment).
 Status Initialize(std::unique_ptr<Backend> backend, const Config& config);
 // What Initialize would decide before it gets a backend: sets *running and
 // returns OK when tfring runs already; returns the error when it cannot start
@@ -88,6 +88,12 @@ struct RuntimeParams {
   SpeculationCounters speculation;
 };
 RuntimeParams GetRuntimeParams();
+
+// Collectives this rank has submitted that have not started running (they
+// wait for the other ranks, or for the next cycle), over every process set:
+// what a test waits on to know a collective is in flight, rather than
+// sleeping for long enough.
+int64_t QueuedCollectives();
 
 // Starts/stops recording the timeline (Chrome trace JSON). Only rank 0
 // writes; on other ranks these do nothing.

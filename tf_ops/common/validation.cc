@@ -51,11 +51,13 @@ std::string IntList(const std::vector<int64_t>& v) { return ShapeString(v); }
 
 }  // namespace
 
-Response Controller::ErrorResponse(const std::string& name, const std::string& message) {
+Response Controller::ErrorResponse(const std::string& name, const std::string& message,
+                                   FailureCause cause) {
   Response r;
   r.type = ResponseType::ERROR;
   r.tensor_names = {name};
   r.error_message = message;
+  r.error_cause = cause;
   return r;
 }
 
@@ -172,9 +174,11 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
              ", but another rank sent a tensor of shape " + m.second + detail(shape_of);
     return "";
   };
+  // Set by a check that finds a bad request rather than ranks that differ.
+  bool invalid = false;
   auto check_trailing = [&]() -> std::string {
     for (size_t r = 0; r < reqs.size(); ++r) {
-      if (p.received[r] && reqs[r].shape.empty())
+      if (p.received[r] && reqs[r].shape.empty() && (invalid = true))
         return std::string(tname) + " of tensor " + quoted + " needs at least one dimension, but " +
                RankList({static_cast<int>(r)}) + " sent a scalar.";
     }
@@ -211,7 +215,7 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
     case CollectiveType::REDUCESCATTER:
       err = check_reduction();
       if (err.empty()) err = check_same_shape();
-      if (err.empty() && ref.shape.empty())
+      if (err.empty() && ref.shape.empty() && (invalid = true))
         err = "REDUCESCATTER of tensor " + quoted + " needs at least one dimension to scatter.";
       resp.tensor_sizes = {NumElements(ref.shape)};
       break;
@@ -227,6 +231,7 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
         // gradients) passes through, it becomes the root's rank in the set.
         auto it = std::find(global_ranks_.begin(), global_ranks_.end(), ref.root_rank);
         if (it == global_ranks_.end()) {
+          invalid = true;
           bool whole_range = true;
           for (int i = 0; i < size(); ++i) whole_range = whole_range && global_ranks_[i] == i;
           std::string ranks;
@@ -256,6 +261,7 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
         std::vector<int64_t> splits = q.splits;
         if (splits.empty()) {
           if (q.shape[0] % size() != 0) {
+            invalid = true;
             err = "ALLTOALL of tensor " + quoted + " without splits needs a first dimension " +
                   "divisible by the number of ranks (" + std::to_string(size()) + "), but " +
                   RankList({static_cast<int>(r)}) + " sent shape " + ShapeString(q.shape) + ".";
@@ -270,6 +276,7 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
           negative |= s < 0;
         }
         if (static_cast<int>(splits.size()) != size() || negative || total != q.shape[0]) {
+          invalid = true;
           err = "Invalid ALLTOALL splits for tensor " + quoted + " on " +
                 RankList({static_cast<int>(r)}) + ": splits " + IntList(q.splits) +
                 " must have one non-negative entry per rank (" + std::to_string(size()) +
@@ -289,12 +296,14 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
       std::set<int64_t> seen;
       for (int64_t r : ref.splits) {
         if (r < 0 || r >= size() || !seen.insert(r).second) {
+          invalid = true;
           err = "Invalid process set " + IntList(ref.splits) + ": ranks must be distinct and in [0, " +
                 std::to_string(size()) + ").";
           break;
         }
       }
-      if (err.empty() && ref.splits.empty()) err = "Invalid process set []: it has no ranks.";
+      if (err.empty() && ref.splits.empty() && (invalid = true))
+        err = "Invalid process set []: it has no ranks.";
       resp.ranks = ref.splits;
       std::sort(resp.ranks.begin(), resp.ranks.end());
       break;
@@ -311,7 +320,9 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
     case CollectiveType::JOIN:
       break;
   }
-  if (!err.empty()) return ErrorResponse(name, err);
+  if (!err.empty())
+    return ErrorResponse(name, err,
+                         invalid ? FailureCause::INVALID_ARGUMENT : FailureCause::MISMATCH);
   return resp;
 }
 

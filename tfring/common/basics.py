@@ -156,6 +156,15 @@ def _speculation_stats():
     return dict(_core().speculation_stats())
 
 
+def _queued_collectives():
+    """How many collectives this rank has submitted that have not started
+    running: they wait for the other ranks (or the next cycle). For tests,
+    which wait for it to know a collective is in flight instead of sleeping
+    long enough."""
+    _require_init()
+    return int(_core().queued_collectives())
+
+
 def mpi_threads_supported():
     """True when MPI runs with MPI_THREAD_MULTIPLE."""
     _require_init()

@@ -12,9 +12,8 @@ import sys
 import threading
 
 from tfring._store import rendezvous
-from tfring.common import elastic
+from tfring.common import elastic, transports
 
-_CONTROLLERS = {"mpi": "mpi", "tcp": "tcp", "gloo": "tcp"}
 _TRUE = ("1", "true", "yes", "on")
 # Core status code (tf_ops/common/status.h) of a failed precondition.
 _PRECONDITION = 2
@@ -72,13 +71,18 @@ def configured_controller(env=None):
     """
     env = os.environ if env is None else env
     for name in ("TFRING_CONTROLLER", "HOROVOD_CONTROLLER"):
-        value = env.get(name, "").strip().lower()
+        value = env.get(name, "").strip()
         if value:
-            if value not in _CONTROLLERS:
+            transport = transports.named(value)
+            if transport is None:
                 raise ValueError(f"{name}={env[name]!r} names no controller tfring has; use "
-                                 "mpi or tcp (gloo means tcp).")
-            return _CONTROLLERS[value]
-    return "tcp" if env.get("TFRING_RENDEZVOUS_ADDR") else "mpi"
+                                 f"{transports.choices()}.")
+            return transport.name
+    return transports.default(env).name
+
+
+def _elastic_names():
+    return " or ".join(t.name.upper() for t in transports.TRANSPORTS if t.elastic)
 
 
 def _serve_rendezvous_if_asked(raise_for_status, env=None):
@@ -157,30 +161,35 @@ class Lifecycle:
         (see tfring.common.basics.init for the arguments and errors)."""
         with self._lock:
             controller = configured_controller()
-            if controller != "tcp" and os.environ.get("TFRING_ELASTIC", "").lower() in _TRUE:
-                raise ValueError("elastic training (TFRING_ELASTIC=1) runs over the TCP "
-                                 "controller only: MPI cannot lose a rank.")
-            if controller == "tcp":
+            transport = transports.named(controller)
+            if not transport.elastic and os.environ.get("TFRING_ELASTIC", "").lower() in _TRUE:
+                raise ValueError(f"elastic training (TFRING_ELASTIC=1) runs over the "
+                                 f"{_elastic_names()} controller only: {controller.upper()} "
+                                 "cannot lose a rank.")
+            if transport.takes_comm:
+                handle = _comm_handle(comm)
+                self._check(getattr(self._core(), transport.core_init)(handle))
+            else:
+                # The job is whoever meets at the rendezvous store.
                 if comm is not None:
                     raise ValueError(
-                        "init(comm=...) needs MPI, but the controller is tcp (TFRING_CONTROLLER, "
-                        "HOROVOD_CONTROLLER=gloo or TFRING_RENDEZVOUS_ADDR). Under tcp the job "
-                        "is every rank that registered with the rendezvous store; use process "
-                        "sets (hvd.add_process_set) for a subset of ranks.")
+                        f"init(comm=...) needs MPI, but the controller is {controller} "
+                        "(TFRING_CONTROLLER, HOROVOD_CONTROLLER=gloo or TFRING_RENDEZVOUS_ADDR). "
+                        f"Under {controller} the job is every rank that registered with the "
+                        "rendezvous store; use process sets (hvd.add_process_set) for a subset "
+                        "of ranks.")
                 core = self._core()
-                if not hasattr(core, "init_tcp"):
-                    self._raise(_PRECONDITION, "this tfring library has no TCP controller "
-                                               "(no init_tcp): rebuild it from this source.",
-                                _CAUSE_INVALID_ARGUMENT)
+                if not hasattr(core, transport.core_init):
+                    self._raise(_PRECONDITION, f"this tfring library has no "
+                                               f"{controller.upper()} controller (no "
+                                               f"{transport.core_init}): rebuild it from this "
+                                               "source.", _CAUSE_INVALID_ARGUMENT)
                 _serve_rendezvous_if_asked(self._raise)
                 if elastic.enabled() and not core.is_initialized():
                     # The driver's round decides this worker's rank, size and
                     # store scope (see tfring.common.elastic).
                     elastic.join_round()
-                self._check(core.init_tcp())
-            else:
-                handle = _comm_handle(comm)
-                self._check(self._core().init(handle))
+                self._check(getattr(core, transport.core_init)())
             self.controller_in_use = controller
             if not self._atexit_registered:
                 # Registered after mpi4py's own hook (MPI), so it runs first:

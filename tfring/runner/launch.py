@@ -33,6 +33,7 @@ import argparse
 import os
 import sys
 
+from tfring.common import transports
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import mpiexec as mpiexec_mod
 from tfring.runner import modes, rank_env, rank_wrapper
@@ -140,12 +141,9 @@ def build_parser():
 
     group = parser.add_argument_group("controller")
     backend = group.add_mutually_exclusive_group()
-    backend.add_argument("--mpi", action="store_true",
-                         help="start the ranks with mpiexec and use MPI (the default)")
-    backend.add_argument("--tcp", "--gloo", dest="tcp", action="store_true",
-                         help="tfring's own TCP transport: no MPI; tfringrun starts the ranks "
-                              "(remote ones over ssh) and serves their rendezvous "
-                              "(TFRING_CONTROLLER=tcp; --gloo is Horovod's name)")
+    for transport in transports.TRANSPORTS:  # args.mpi, args.tcp
+        backend.add_argument(*transport.flags, dest=transport.name, action="store_true",
+                             help=transport.help)
 
     group = parser.add_argument_group("tuning (exported to every rank as TFRING_* variables)")
     group.add_argument("--fusion-threshold-mb", type=float, metavar="MB",

@@ -1,9 +1,10 @@
 """Bad input through tfring.core: every rank gets the documented error,
-with the core's status code, and the next collective works."""
+with the core's status code and cause, and the next collective works."""
 import numpy as np
 import pytest
 
 import tfring.core as hvd
+from tfring.common.exceptions import Cause
 from core_helpers import expect_error, rank_values
 
 multi_rank = pytest.mark.usefixtures("needs_peers")
@@ -39,13 +40,16 @@ def test_mismatched_allgather_trailing_dims(rank):
 
 @multi_rank
 def test_mismatched_root(rank):
-    expect_error(hvd.PreconditionError, lambda: hvd.broadcast(
+    e = expect_error(hvd.PreconditionError, lambda: hvd.broadcast(
         np.ones(2), root_rank=rank, name="bad_root_mismatch"), "root")
+    assert (e.cause, e.rank) == (Cause.MISMATCH, None)
 
 
 def test_root_out_of_range(size):
-    expect_error(hvd.PreconditionError, lambda: hvd.broadcast(
+    # Every rank agrees on the root, but it is not a rank: a bad argument.
+    e = expect_error(hvd.PreconditionError, lambda: hvd.broadcast(
         np.ones(2), root_rank=size, name="bad_root"), "root rank")
+    assert (e.cause, e.rank) == (Cause.INVALID_ARGUMENT, None)
 
 
 def test_unsupported_dtype():

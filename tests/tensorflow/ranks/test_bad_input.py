@@ -77,7 +77,7 @@ def test_broadcast_errors_in_a_set_name_job_wide_ranks(rank, size, set_without_r
                             "rank 2", "rank 1: 1", "rank 2: 2")
     else:
         expect_precondition(call, "Invalid BROADCAST root rank -1 for tensor 'set_negative_root'",
-                            f"process set's ranks [{members}]")
+                            f"process set's ranks [{members}]", cause=Cause.INVALID_ARGUMENT)
 
 
 @multi_rank
@@ -135,7 +135,8 @@ def test_allgather_trailing_dims_message_shows_the_dims(rank):
 
 def test_broadcast_negative_root():
     expect_precondition(lambda: hvd.broadcast(ones([2]), root_rank=-1, name="neg_root"),
-                        "Invalid BROADCAST root rank -1 for tensor 'neg_root'")
+                        "Invalid BROADCAST root rank -1 for tensor 'neg_root'",
+                        cause=Cause.INVALID_ARGUMENT)
 
 
 @pytest.mark.parametrize("splits", ["wrong_length", "negative"])
@@ -175,7 +176,8 @@ def test_alltoall_of_scalar_is_refused_locally():
 
 def test_reducescatter_of_scalar():
     expect_precondition(lambda: hvd.reducescatter(tf.constant(1.0), name="rs_scalar"),
-                        "REDUCESCATTER of tensor 'rs_scalar' needs at least one dimension")
+                        "REDUCESCATTER of tensor 'rs_scalar' needs at least one dimension",
+                        cause=Cause.INVALID_ARGUMENT)
 
 
 @pytest.mark.parametrize("collective", ["allgather", "alltoall", "reducescatter",
@@ -295,7 +297,7 @@ def test_broadcast_root_outside_the_set(rank, size, set_without_rank_0, how):
     if ps.included():
         expect_precondition(call, "Invalid BROADCAST root rank 0 for tensor",
                             f"root_rank is a job-wide rank and must be one of the process "
-                            f"set's ranks [{members}]")
+                            f"set's ranks [{members}]", cause=Cause.INVALID_ARGUMENT)
     else:
         expect_invalid_argument(call, f"tfring: rank {rank} is not a member of process set "
                                       f"{ps.process_set_id} (ranks [{members}])")
@@ -313,7 +315,8 @@ def test_add_process_set_with_bad_ranks(rank, size, case):
         "mismatched": ([rank], "Mismatched process set definitions: every rank must add the "
                                "same ranks in the same order (rank 0: [0]; rank 1: [1]"),
     }[case]
-    expect_precondition(lambda: hvd.add_process_set(ranks), fragment)
+    expect_precondition(lambda: hvd.add_process_set(ranks), fragment,
+                        cause=Cause.MISMATCH if case == "mismatched" else Cause.INVALID_ARGUMENT)
     # Nothing was registered: the next set added still works everywhere.
     ps = hvd.add_process_set(list(range(size)))
     out = hvd.allreduce(ones([1]), op=hvd.Sum, process_set=ps, name="after_bad_set")

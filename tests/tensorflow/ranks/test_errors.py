@@ -1,12 +1,14 @@
 """Bad input: every rank gets a clear error naming the problem, and the next
 collective works. Cross-rank mismatches raise FailedPreconditionError, with
-the cause "mismatch"."""
+the cause "mismatch"; a request every rank agrees on that cannot run (a root
+outside the job, a scalar to gather) has the cause "invalid_argument"."""
 import numpy as np
 import pytest
 import tensorflow as tf
 from error_helpers import expect_precondition, multi_rank, needs_peers  # noqa: F401
 
 import tfring.tensorflow as hvd
+from tfring.common.exceptions import Cause
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +63,7 @@ def test_root_rank_mismatch(rank):
 
 def test_root_rank_out_of_range(size):
     expect_precondition(lambda: hvd.broadcast(tf.ones([2]), root_rank=size, name="bad_root"),
-                        f"Invalid BROADCAST root rank {size}")
+                        f"Invalid BROADCAST root rank {size}", cause=Cause.INVALID_ARGUMENT)
 
 
 # Alltoall's rows and splits are this rank's own arguments: like Horovod, each
@@ -103,7 +105,7 @@ def test_allgather_trailing_dims_mismatch(rank):
 
 def test_allgather_of_scalar(rank):
     expect_precondition(lambda: hvd.allgather(tf.constant(1.0), name="scalar"),
-                        "needs at least one dimension")
+                        "needs at least one dimension", cause=Cause.INVALID_ARGUMENT)
 
 
 def test_unsupported_dtype_is_local_invalid_argument():

@@ -62,7 +62,7 @@ Status MPIBackend::CreateProcessSet(ProcessSet* set, const Config& config) {
   // MPI's own collectives are the fallback: the shared-memory and ring planes
   // take over from their cut-over sizes.
   set->data_plane = MakeDataPlane(comm, std::unique_ptr<DataPlane>(new MPIDataPlane(comm)), hosts,
-                                  config);
+                                  config, rank());
   return Status::OK();
 }
 

@@ -1,26 +1,23 @@
-// The MPI transport's entry point into the generic start-up (operations.h:
-// Initialize).
-#include "../transport/entry_points.h"
+// The MPI transport's registration (transport/registry.h): its backend over
+// the communicator a binding names.
+#include "../transport/registry.h"
 
 #include <mpi.h>
 
-#include "../operations.h"
 #include "mpi_backend.h"
 
 namespace tfring {
+namespace {
 
-Status InitializeMPI(int64_t fortran_comm) {
-  // Decided before the backend exists: creating it duplicates the
-  // communicator, a collective that may hang when MPI broke earlier.
-  bool running = false;
-  TFRING_RETURN_IF_ERROR(CheckCanStart(&running));
-  if (running) return Status::OK();
+Status MakeMPIBackend(const Config&, const TransportArgs& args, std::unique_ptr<Backend>* out) {
   std::unique_ptr<MPIBackend> backend;
   TFRING_RETURN_IF_ERROR(
-      MPIBackend::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)), &backend));
-  return Initialize(std::move(backend), Config::FromEnvironment());
+      MPIBackend::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(args.fortran_comm)), &backend));
+  *out = std::move(backend);
+  return Status::OK();
 }
 
-bool MPIBuilt() { return true; }
+const bool kRegistered = RegisterTransport("mpi", &MakeMPIBackend);
 
+}  // namespace
 }  // namespace tfring

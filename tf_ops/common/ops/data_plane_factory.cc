@@ -13,7 +13,7 @@ namespace tfring {
 std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& comm,
                                          std::unique_ptr<DataPlane> fallback,
                                          const std::vector<std::string>& hosts,
-                                         const Config& config) {
+                                         const Config& config, int job_rank) {
   if (!fallback) {
     Status s = CreateRingDataPlane(comm, &fallback);
     if (!s.ok()) {
@@ -34,6 +34,7 @@ std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& co
     ShmOptions options;
     options.single_copy = config.shm_single_copy;
     options.single_copy_min_bytes = config.shm_single_copy_min_bytes;
+    options.job_rank = job_rank;
     Status s = CreateShmDataPlane(comm->rank(), comm->size(), fallback.get(), comm->monitor(),
                                   options, &shm);
     if (!s.ok()) {

@@ -31,12 +31,13 @@ namespace tfring {
 // hosts[i] (empty: not known yet, e.g. at start-up before the topology
 // exchange; only the fallback is made then), behind a DataPlaneSelector.
 // `fallback` is the transport's own complete plane (MPI's); null makes it a
-// ring plane on a Dup of `comm`. Returns null only when no fallback could be
+// ring plane on a Dup of `comm`. `job_rank` is this rank's job-wide rank,
+// which a plane's failure on the peers names when this rank leaves it. Returns null only when no fallback could be
 // made (the communicator failed; the log says why).
 std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& comm,
                                          std::unique_ptr<DataPlane> fallback,
                                          const std::vector<std::string>& hosts,
-                                         const Config& config);
+                                         const Config& config, int job_rank);
 
 }  // namespace tfring
 

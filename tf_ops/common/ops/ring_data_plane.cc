@@ -45,9 +45,9 @@ namespace {
 // Piece sizes chosen by message size: about kPiecesPerBlock pieces per block
 // (enough to overlap transfer and reduction), never so small that per-message
 // cost dominates, never so large that a piece stops fitting in cache. A sweep
-// with `ring_test --bench --segment S --window W` (S 64 KiB..4 MiB, W 2..8) on
-// the 2-core dev machine showed no setting clearly better than these; the
-// differences were within that machine's noise.
+// of segment sizes 64 KiB..4 MiB and windows 2..8 (with the MPI ring test's
+// former --bench mode) on the 2-core dev machine showed no setting clearly
+// better than these; the differences were within that machine's noise.
 constexpr int64_t kMinPieceBytes = 64 << 10;
 constexpr int64_t kMaxPieceBytes = 1 << 20;
 constexpr int64_t kPiecesPerBlock = 4;

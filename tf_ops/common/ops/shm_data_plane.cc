@@ -625,6 +625,7 @@ Status CreateShmDataPlane(int rank, int size, DataPlane* bootstrap,
   std::unique_ptr<ShmSegment> segment;
   TFRING_RETURN_IF_ERROR(
       ShmSegment::Create(rank, size, layout, policy, bootstrap, std::move(monitor), &segment));
+  segment->set_job_rank(options.job_rank);
   TFRING_LOG(DEBUG) << "shared-memory data plane: " << size << " ranks on " << segment->cpus()
                     << " CPUs, chunk " << segment->chunk_bytes()
                     << " bytes, one-step allreduce up to "

@@ -43,6 +43,9 @@ struct ShmOptions {
   // many bytes take the single-copy path; negative: choose. Rank 0's value
   // is used by every rank.
   int64_t single_copy_min_bytes = -1;
+  // This rank's job-wide rank, which the peers' errors name if it leaves the
+  // plane while they wait for it (-1: unknown, they name none).
+  int job_rank = -1;
 };
 
 Status CreateShmDataPlane(int rank, int size, DataPlane* bootstrap,

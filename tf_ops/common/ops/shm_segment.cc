@@ -119,7 +119,8 @@ ShmSegment::~ShmSegment() {
   if (base_ == nullptr) return;
   // A forked child that exits normally runs this too; it must not declare
   // its parent's rank gone.
-  if (getpid() == owner_pid_) Abandon("it shut its data plane down", FailureCause::PEER_FAILURE, -1);
+  if (getpid() == owner_pid_)
+    Abandon("it shut its data plane down", FailureCause::PEER_FAILURE, job_rank_);
   munmap(base_, mapped_bytes_);
 }
 

@@ -110,6 +110,9 @@ class ShmSegment {
   // cause and failed rank of the failure that made this rank give up.
   // Idempotent.
   void Abandon(const std::string& reason, FailureCause cause, int failed_rank);
+  // This rank's job-wide rank (-1: unknown), which a peer's error names when
+  // this rank leaves the plane.
+  void set_job_rank(int job_rank) { job_rank_ = job_rank; }
 
  private:
   ShmSegment(int rank, int size, const ShmWaitPolicy& policy,
@@ -131,6 +134,7 @@ class ShmSegment {
   ShmWaitPolicy policy_;
   std::shared_ptr<PeerMonitor> monitor_;
   int owner_pid_;  // the process that joined the segment
+  int job_rank_ = -1;
   int failed_spins_ = 0;      // full spins in a row that did not see the peer
   int short_spins_left_ = 0;  // waits left that poll only briefly
   ShmLayout layout_;

@@ -10,7 +10,7 @@
 #include "../../logging.h"
 #include "../../operations.h"
 #include "../../ops/data_plane_factory.h"
-#include "../entry_points.h"
+#include "../registry.h"
 #include "../p2p_controller.h"
 #include "rendezvous_client.h"
 #include "tcp_communicator.h"
@@ -188,7 +188,7 @@ Status TcpBackend::CreateProcessSet(ProcessSet* set, const Config& config) {
   if (!hosts_.empty()) {
     for (int r : set->ranks) hosts.push_back(hosts_[r]);
   }
-  set->data_plane = MakeDataPlane(comm, nullptr, hosts, config);
+  set->data_plane = MakeDataPlane(comm, nullptr, hosts, config, rank());
   if (!set->data_plane) {
     return Status::Aborted("tfring: no data plane could be made for process set " +
                            std::to_string(set->id) + " over TCP (see the log above)");
@@ -196,15 +196,17 @@ Status TcpBackend::CreateProcessSet(ProcessSet* set, const Config& config) {
   return Status::OK();
 }
 
-Status InitializeTCP() {
-  // Registering again while running would wait for ranks that never come.
-  bool running = false;
-  TFRING_RETURN_IF_ERROR(CheckCanStart(&running));
-  if (running) return Status::OK();
-  Config config = Config::FromEnvironment();
+namespace {
+
+Status MakeTcpBackend(const Config& config, const TransportArgs&, std::unique_ptr<Backend>* out) {
   std::unique_ptr<TcpBackend> backend;
   TFRING_RETURN_IF_ERROR(TcpBackend::Create(config, &backend));
-  return Initialize(std::move(backend), config);
+  *out = std::move(backend);
+  return Status::OK();
 }
+
+const bool kRegistered = RegisterTransport("tcp", &MakeTcpBackend);
+
+}  // namespace
 
 }  // namespace tfring
