@@ -385,6 +385,9 @@ int RunFailure(Bus* bus, int rank, int size, const char* how) {
   ShmOptions opts;
   opts.single_copy = true;
   opts.single_copy_min_bytes = 0;
+  // Job-wide ranks differ from the plane's, so that the test sees which one
+  // a departure names.
+  opts.job_rank = 10 + rank;
   Status s = MakePlane(boot, MakeMonitor(bus, rank, size), rank, size, opts, &plane);
   CHECKF(s.ok(), "creating plane: %s", s.message().c_str());
   if (!s.ok()) return 1;
@@ -410,8 +413,8 @@ int RunFailure(Bus* bus, int rank, int size, const char* how) {
   CHECKF(took < 10, "%s noticed only after %.1f s", how, took);
   // Typed: a peer failure, naming the dead rank (the peer monitor's news,
   // also when it came through another survivor giving up); a rank that
-  // left names no rank the plane knows.
-  const int named = std::strcmp(how, "leave") == 0 ? -1 : victim;
+  // left is named by the job-wide rank it wrote into the segment.
+  const int named = std::strcmp(how, "leave") == 0 ? 10 + victim : victim;
   CHECKF(s.cause() == FailureCause::PEER_FAILURE && s.rank() == named,
         "%s: cause %d rank %d: %s", how, int(s.cause()), s.rank(), s.message().c_str());
   s = plane->Broadcast(buf.data(), 16, 0);
