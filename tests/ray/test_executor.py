@@ -22,6 +22,9 @@ from tfring.ray import RayExecutor, WorkerLostError  # noqa: E402
 # Functions here run in the actors, which cannot import this test module:
 # ship them by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+import torch_job  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(torch_job)
 
 RUN_TIMEOUT = 180
 EPOCHS = 2
@@ -121,6 +124,18 @@ def test_ranks_follow_the_actors_hosts_at_np3(executor):
             cmdline = f.read()
         if secret:
             assert secret not in cmdline
+
+
+def test_a_torch_function_runs_unchanged(executor):
+    """A Horovod user's torch function (tfring.torch, DistributedOptimizer)
+    on the actors: every rank ends with the single-process weights."""
+    pytest.importorskip("torch")
+    results = executor.run(torch_job.train_step, timeout=RUN_TIMEOUT)
+    assert [r["rank"] for r in results] == [0, 1] and all(r["total"] == 1.0 for r in results)
+    want = torch_job.reference(2)
+    for r in results:
+        for got, ref in zip(r["weights"], want):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
 def _raise_on_rank_1():

@@ -13,6 +13,9 @@ import tfring.spark  # noqa: E402
 # Functions here run in the ranks' processes, which cannot import this
 # test module: ship them by value.
 pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+import torch_job  # noqa: E402
+
+pyspark.cloudpickle.register_pickle_by_value(torch_job)
 
 TIMEOUT = 240
 
@@ -76,6 +79,19 @@ def test_a_failing_task_fails_the_job_with_the_workers_exception(spark, no_rank_
     again = tfring.spark.run(_place_and_reduce, kwargs={"offset": 1}, timeout=TIMEOUT)
     assert [(r["rank"], r["local_rank"], r["total"]) for r in again] == [(0, 0, 3.0),
                                                                        (1, 1, 3.0)]
+
+
+def test_a_torch_function_runs_unchanged(spark, no_rank_left_behind):
+    """A Horovod user's torch function (tfring.torch, DistributedOptimizer)
+    as the barrier stage's tasks: every rank ends with the single-process
+    weights."""
+    pytest.importorskip("torch")
+    results = tfring.spark.run(torch_job.train_step, num_proc=2, timeout=TIMEOUT)
+    assert [r["rank"] for r in results] == [0, 1] and all(r["total"] == 1.0 for r in results)
+    want = torch_job.reference(2)
+    for r in results:
+        for got, ref in zip(r["weights"], want):
+            assert got == pytest.approx(ref, rel=1e-5, abs=1e-6)
 
 
 def test_bad_arguments_are_refused(spark):
