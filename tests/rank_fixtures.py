@@ -79,3 +79,14 @@ def tf_gpu():
             pytest.fail(why)
         pytest.skip(why)
     return "/GPU:0"
+
+
+def expect_error(error_type, fn, *fragments):
+    """Calls fn(), which must raise `error_type` with every fragment in its
+    message; returns the exception. (The TF suites' own, in
+    tests/tensorflow/ranks/error_helpers.py, also reads TF's messages.)"""
+    with pytest.raises(error_type) as info:
+        fn()
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} not in: {info.value}"
+    return info.value

@@ -1,7 +1,7 @@
 """Rank-dependent inputs and numpy references for tests/core/ranks/."""
 import ml_dtypes
 import numpy as np
-import pytest
+from rank_fixtures import expect_error  # noqa: F401 (shared by every binding's rank suite)
 
 import tfring.core as hvd
 
@@ -41,12 +41,3 @@ def assert_close(actual, expected, dtype, what=""):
     np.testing.assert_allclose(actual.astype(np.float64), np.asarray(expected, np.float64),
                                rtol=tol, atol=tol, err_msg=f"{what} {dtype}")
 
-
-def expect_error(error_type, fn, *fragments):
-    """Calls fn(), which must raise `error_type` with every fragment in its
-    message; returns the exception."""
-    with pytest.raises(error_type) as info:
-        fn()
-    for fragment in fragments:
-        assert fragment in str(info.value), f"{fragment!r} not in: {info.value}"
-    return info.value

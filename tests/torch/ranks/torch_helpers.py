@@ -1,6 +1,6 @@
 """Rank-dependent inputs and float64 references for tests/torch/ranks/."""
-import pytest
 import torch
+from rank_fixtures import expect_error  # noqa: F401 (shared by every binding's rank suite)
 
 # Every dtype Horovod's torch binding reduces; bool only moves (allgather,
 # broadcast, alltoall).
@@ -33,12 +33,3 @@ def assert_close(actual, expected, dtype, what=""):
     torch.testing.assert_close(actual.to(torch.float64), expected.to(torch.float64),
                                rtol=tol, atol=tol, msg=f"{what} {dtype}")
 
-
-def expect_error(error_type, fn, *fragments):
-    """Calls fn(), which must raise `error_type` with every fragment in its
-    message; returns the exception."""
-    with pytest.raises(error_type) as info:
-        fn()
-    for fragment in fragments:
-        assert fragment in str(info.value), f"{fragment!r} not in: {info.value}"
-    return info.value
