@@ -21,6 +21,8 @@ from tfring.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, 
                                        grouped_allgather, grouped_allreduce, grouped_reducescatter,
                                        join, local_rank_op, local_size_op, process_set_included_op,
                                        rank_op, reducescatter, size_op)
+# Registers the collectives' gradients with TensorFlow.
+from tfring.tensorflow import gradients as _gradients  # noqa: F401
 from tfring.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from tfring.tensorflow.optimizer import DistributedOptimizer
 
