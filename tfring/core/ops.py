@@ -82,7 +82,7 @@ def synchronize(handle):
 
 
 def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1.0,
-            postscale=1.0, root_rank=0, splits=None):
+            postscale=1.0, root_rank=0, splits=None, in_place=False):
     """Enqueues ``xs`` (one call); returns (PendingCall, adapted inputs,
     outputs made now, outputs made on negotiation). ``name`` None: one
     numbered in call order."""
@@ -99,8 +99,12 @@ def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1
     if device != arrays.CPU:
         code, message, cause, rank, ready = core.ready_event(device, adapted[0].stream)
         errors.raise_for_status(code, message, cause, rank)
-    fixed_adapted = [a.new_adapted(a.shape) if collective in (_ALLREDUCE, _BROADCAST) else None
-                     for a in adapted]
+    # In place, the result goes into the memory the core reads (the input
+    # itself when it was contiguous, else the contiguous copy made of it,
+    # which the caller then copies back): no new array, and no pass of page
+    # faults over freshly allocated memory.
+    fixed_adapted = [(a if in_place else a.new_adapted(a.shape))
+                     if collective in (_ALLREDUCE, _BROADCAST) else None for a in adapted]
     late = [None] * len(adapted)
 
     def allocate(index, shape):
@@ -131,6 +135,40 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
                                       process_set, op=op, prescale=prescale_factor,
                                       postscale=postscale_factor)
     return Handle(call, lambda c: _outputs(adapted, fixed)[0])
+
+
+def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=None):
+    """Starts an allreduce whose result is written into the array the core
+    reads; see :func:`allreduce_`. Returns a :class:`Handle`."""
+    call, adapted, _, _ = _submit(_ALLREDUCE, [tensor], name, process_set, op=op,
+                                  prescale=prescale_factor, postscale=postscale_factor,
+                                  in_place=True)
+    return Handle(call, lambda c: adapted[0].wrap(adapted[0].array))
+
+
+def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=None):
+    """:func:`allreduce` in place: the result overwrites ``tensor``.
+
+    Args:
+        tensor: a C-contiguous array (another is copied first, and the copy
+            holds the result); other arguments as :func:`allreduce`.
+
+    Returns:
+        The array that holds the result: ``tensor`` itself when it was
+        contiguous (numpy, CuPy and torch arrays are used as they are).
+
+    Raises:
+        The errors of :func:`allreduce`.
+
+    Example:
+        >>> x = np.ones(3, np.float32)
+        >>> hvd.allreduce_(x, op=hvd.Sum) is x
+        True
+    """
+    return allreduce_async_(tensor, op, name, prescale_factor, postscale_factor,
+                            process_set).wait()
 
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -176,6 +214,16 @@ def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
                                       grouped=True, op=op, prescale=prescale_factor,
                                       postscale=postscale_factor)
     return Handle(call, lambda c: _outputs(adapted, fixed))
+
+
+def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None):
+    """:func:`grouped_allreduce_async` in place: each result overwrites its
+    input (see :func:`allreduce_`); the handle gives the arrays holding them."""
+    call, adapted, _, _ = _submit(_ALLREDUCE, list(tensors), name, process_set, grouped=True,
+                                  op=op, prescale=prescale_factor, postscale=postscale_factor,
+                                  in_place=True)
+    return Handle(call, lambda c: [a.wrap(a.array) for a in adapted])
 
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
@@ -260,6 +308,14 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     call, adapted, fixed, _ = _submit(_BROADCAST, [tensor], name,
                                       process_set, root_rank=root_rank)
     return Handle(call, lambda c: _outputs(adapted, fixed)[0])
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """:func:`broadcast_async` in place: the root's value overwrites
+    ``tensor`` (see :func:`allreduce_`)."""
+    call, adapted, _, _ = _submit(_BROADCAST, [tensor], name, process_set, root_rank=root_rank,
+                                  in_place=True)
+    return Handle(call, lambda c: adapted[0].wrap(adapted[0].array))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):

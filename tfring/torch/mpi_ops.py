@@ -107,14 +107,17 @@ def _reduce_op(average, op):
 
 
 def _into(targets):
-    """A finish function that copies results into ``targets`` (a tensor or
-    a list) and returns them."""
+    """A finish function that puts results into ``targets`` (a tensor or a
+    list) and returns them: in-place calls leave the result in the target
+    itself, and only one that went through a contiguous copy (or an
+    out-of-place call) is copied back."""
     def finish(result):
         with torch.no_grad():
             if isinstance(targets, (list, tuple)):
                 for t, r in zip(targets, result):
-                    t.copy_(r)
-            else:
+                    if r is not t:
+                        t.copy_(r)
+            elif result is not targets:
                 targets.copy_(result)
         return targets
     return finish
@@ -168,7 +171,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                      postscale_factor=1.0, process_set=global_process_set):
     """allreduce_async() that writes the result into ``tensor``; synchronize()
     returns ``tensor``. Arguments as :func:`allreduce_async`."""
-    return _register(_submit(_core.allreduce_async, [tensor], tensor, _reduce_op(average, op),
+    return _register(_submit(_core.allreduce_async_, [tensor], tensor, _reduce_op(average, op),
                              name, prescale_factor, postscale_factor, process_set),
                      _into(tensor))
 
@@ -204,7 +207,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                              postscale_factor=1.0, process_set=global_process_set):
     """grouped_allreduce_async() that writes each result into its input."""
     tensors = list(tensors)
-    return _register(_submit(_core.grouped_allreduce_async, tensors, tensors,
+    return _register(_submit(_core.grouped_allreduce_async_, tensors, tensors,
                              _reduce_op(average, op), name, prescale_factor, postscale_factor,
                              process_set), _into(tensors))
 
@@ -278,7 +281,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """broadcast_async() that writes the root's value into ``tensor``."""
-    return _register(_submit(_core.broadcast_async, [tensor], tensor, root_rank, name,
+    return _register(_submit(_core.broadcast_async_, [tensor], tensor, root_rank, name,
                              process_set), _into(tensor))
 
 

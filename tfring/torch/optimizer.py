@@ -118,7 +118,9 @@ class _DistributedOptimizer:
     def _start(self, g):
         params = self._groups[g]
         compressed = [self._compression.compress(self._grad(p)) for p in params]
-        handle = mpi_ops.grouped_allreduce_async(
+        # In place, as Horovod does: uncompressed, each gradient is reduced in
+        # its own .grad (no new tensor, no copy back).
+        handle = mpi_ops.grouped_allreduce_async_(
             [c[0] for c in compressed], name=self._group_name(g), op=self._op,
             prescale_factor=self._prescale, postscale_factor=self._postscale,
             process_set=self._process_set)
@@ -151,7 +153,9 @@ class _DistributedOptimizer:
                 reduced = mpi_ops.synchronize(handle)
                 with torch.no_grad():
                     for (p, ctx), r in zip(params, reduced):
-                        p.grad.copy_(self._compression.decompress(r, ctx))
+                        value = self._compression.decompress(r, ctx)
+                        if value is not p.grad:
+                            p.grad.copy_(value)
         finally:
             self._pending.clear()
             self._ready.clear()

@@ -48,6 +48,25 @@ def test_allreduce_default_op_is_average_and_input_is_untouched(rank, size):
     assert_close(out, every_rank(size).mean(0), np.dtype(np.float32))
 
 
+def test_in_place_variants_write_into_their_input(rank, size):
+    x = rank_values(rank, dtype=np.float32)
+    out = hvd.allreduce_(x, op=hvd.Sum, prescale_factor=2.0)
+    assert out is x
+    assert_close(x, every_rank(size).sum(0) * 2, np.dtype(np.float32))
+    xs = [rank_values(rank, dtype=np.float64), rank_values(rank, (5,), np.int64)]
+    outs = hvd.grouped_allreduce_async_(xs, op=hvd.Max).wait()
+    assert outs[0] is xs[0] and outs[1] is xs[1]
+    assert_close(xs[1], every_rank(size, (5,)).max(0), np.dtype(np.int64))
+    y = rank_values(rank, dtype=np.int32)
+    assert hvd.broadcast_async_(y, root_rank=size - 1).wait() is y
+    np.testing.assert_array_equal(y, rank_values(size - 1, dtype=np.int32))
+    # A non-contiguous input is reduced in a contiguous copy, which holds the result.
+    z = np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2] + rank
+    got = hvd.allreduce_(z, op=hvd.Sum)
+    base = np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]
+    np.testing.assert_array_equal(got, base * size + sum(range(size)))
+
+
 def test_allreduce_bool(rank, size):
     value = np.array([rank == 0, True, False, rank % 2 == 1])
     everyone = np.stack([[r == 0, True, False, r % 2 == 1] for r in range(size)])
