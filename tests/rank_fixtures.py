@@ -65,9 +65,8 @@ def tf_gpu():
     suites (TF kernels on GPU tensors). Skipped where TensorFlow sees no GPU
     or tfring's op library is a CPU build (CI); failed instead under
     TFRING_REQUIRE_GPU=1, where a skip would prove nothing."""
-    import os
-
     import tensorflow as tf
+    from support import missing_gpu
 
     why = None
     if not tf.config.list_physical_devices("GPU"):
@@ -75,9 +74,7 @@ def tf_gpu():
     elif not _hvd().nccl_built():
         why = "tfring's op library is a CPU build (build it with TFRING_WITH_NCCL=1)"
     if why:
-        if os.environ.get("TFRING_REQUIRE_GPU") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+        missing_gpu(why)
     return "/GPU:0"
 
 

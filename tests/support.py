@@ -117,6 +117,17 @@ def missing_tool(what):
     pytest.skip(f"needs {what}")
 
 
+def missing_gpu(why):
+    """Ends a GPU test whose GPU, framework or GPU build is missing (`why`
+    says which): a skip, but a failure where ``TFRING_REQUIRE_GPU=1``
+    (tests/gpu/run_on_gpu.sh, on a GPU machine: a skip there would prove
+    nothing)."""
+    import pytest
+    if os.environ.get("TFRING_REQUIRE_GPU") == "1":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
 def import_extra(name):
     """Imports the optional engine `name` (ray, pyspark) for its suite: a
     skip where it is not installed, but a failure where

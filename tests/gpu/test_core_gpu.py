@@ -12,18 +12,11 @@ import os
 
 import pytest
 
-from support import ROOT, rank_lines, tfringrun
+from support import ROOT, missing_gpu, rank_lines, tfringrun
 
 pytestmark = pytest.mark.gpu
 
 WORKER = os.path.join(ROOT, "tests", "gpu", "core_worker.py")
-
-
-def _missing(why):
-    # run_on_gpu.sh sets TFRING_REQUIRE_GPU=1: there a skip would prove nothing.
-    if os.environ.get("TFRING_REQUIRE_GPU") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,12 +24,12 @@ def gpu_core():
     try:
         import cupy as cp
     except ImportError:
-        _missing("needs CuPy")
+        missing_gpu("needs CuPy")
     try:
         if cp.cuda.runtime.getDeviceCount() < 1:
-            _missing("no NVIDIA GPU")
+            missing_gpu("no NVIDIA GPU")
     except cp.cuda.runtime.CUDARuntimeError:
-        _missing("no NVIDIA GPU")
+        missing_gpu("no NVIDIA GPU")
     import tfring.core as core
     if not core.nccl_built():
         pytest.fail("tfring.core is not a GPU build (build it with TFRING_WITH_NCCL=1)")

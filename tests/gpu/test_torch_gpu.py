@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from support import ROOT, rank_lines, tfringrun
+from support import ROOT, missing_gpu, rank_lines, tfringrun
 
 pytestmark = pytest.mark.gpu
 
@@ -22,22 +22,15 @@ WORKER = os.path.join(ROOT, "tests", "gpu", "torch_worker.py")
 PYTHON = os.environ.get("TFRING_TORCH_PYTHON", sys.executable)
 
 
-def _missing(why):
-    # run_on_gpu.sh sets TFRING_REQUIRE_GPU=1: there a skip would prove nothing.
-    if os.environ.get("TFRING_REQUIRE_GPU") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def gpu_torch():
     probe = subprocess.run(
         [PYTHON, "-c", "import torch; print(torch.cuda.is_available())"],
         capture_output=True, text=True, timeout=120)
     if probe.returncode != 0:
-        _missing(f"needs torch in {PYTHON}: {probe.stderr[-2000:]}")
+        missing_gpu(f"needs torch in {PYTHON}: {probe.stderr[-2000:]}")
     if probe.stdout.strip() != "True":
-        _missing(f"no CUDA device for torch in {PYTHON}")
+        missing_gpu(f"no CUDA device for torch in {PYTHON}")
     # Built (or found in the cache) for the ranks' interpreter before they
     # start, each within its job's timeout.
     build = subprocess.run(
