@@ -493,23 +493,31 @@ Status AllreduceToEnd(Executor& executor, DataPlane& plane, const std::vector<Re
   return s;
 }
 
-// The executor's pipeline (executor.h) over a GPU executor and the NCCL
-// plane, as the core runs an allreduce: pack, scale and unpack in the
-// executor, only the reduction in the plane.
-struct GpuRig {
+// A GPU executor over the fake NCCL/CUDA, with the communicators, abort
+// flag and id broadcast that the planes of the rigs below use.
+struct FakeGpuStack {
   FakeBroadcast bc;
   FakeApi api;
   std::shared_ptr<NcclAbortFlag> abort = std::make_shared<NcclAbortFlag>();
   NcclCommunicators comms{&api, abort};
   GpuShared shared;
   std::unique_ptr<Executor> executor;
-  std::unique_ptr<NcclDataPlane> plane;
 
-  explicit GpuRig(int size, int device = 0) {
+  explicit FakeGpuStack(int device = 0) {
     shared.api = &api;
     shared.comms = &comms;
     shared.events = std::make_shared<GpuEventPool>(&api);
     CHECK(GpuExecutor::Create(&shared, device, &executor).ok());
+  }
+};
+
+// The executor's pipeline (executor.h) over a GPU executor and the NCCL
+// plane, as the core runs an allreduce: pack, scale and unpack in the
+// executor, only the reduction in the plane.
+struct GpuRig : FakeGpuStack {
+  std::unique_ptr<NcclDataPlane> plane;
+
+  explicit GpuRig(int size, int device = 0) : FakeGpuStack(device) {
     plane.reset(new NcclDataPlane(&comms, 0, 0, size, bc.fn()));
     plane->Bind(executor->context());
   }
@@ -854,23 +862,13 @@ class FakeLane : public DataPlane {
 
 // One rank of the hierarchical GPU plane over the fake NCCL: local rank
 // `local_rank` of `local_size` on each of `hosts` hosts, `lanes` lanes.
-struct HierarchicalRig {
-  FakeBroadcast bc;
-  FakeApi api;
-  std::shared_ptr<NcclAbortFlag> abort = std::make_shared<NcclAbortFlag>();
-  NcclCommunicators comms{&api, abort};
-  GpuShared shared;
-  std::unique_ptr<Executor> executor;
+struct HierarchicalRig : FakeGpuStack {
   std::unique_ptr<HierarchicalGpuDataPlane> plane;
   FakeLane* lane = nullptr;
   int ranks;
 
   HierarchicalRig(int hosts, int local_rank, int local_size, int lanes)
       : ranks(hosts * local_size) {
-    shared.api = &api;
-    shared.comms = &comms;
-    shared.events = std::make_shared<GpuEventPool>(&api);
-    CHECK(GpuExecutor::Create(&shared, 0, &executor).ok());
     bc.rank = local_rank;  // the flat plane's rank too, here
     HierarchicalGpuDataPlane::Parts parts;
     parts.flat.reset(new NcclDataPlane(&comms, 1, local_rank, ranks, bc.fn()));
