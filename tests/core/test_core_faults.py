@@ -12,8 +12,9 @@ JOB_TIMEOUT = 90
 
 
 @pytest.mark.parametrize("np_, victim", [(2, 1), (3, 2), (3, 0)])
-def test_killed_rank_is_named_and_nothing_hangs(np_, victim, controller, core_module_path):
-    result = tfringrun(np_, ["python", WORKER, str(victim)], timeout=JOB_TIMEOUT,
+def test_killed_rank_is_named_and_nothing_hangs(np_, victim, controller, core_module_path,
+                                                tmp_path):
+    result = tfringrun(np_, ["python", WORKER, str(victim), str(tmp_path)], timeout=JOB_TIMEOUT,
                        controller=controller)
     assert result.returncode != 124, f"the job hung:\n{result.stdout[-5000:]}"
     reports = {}

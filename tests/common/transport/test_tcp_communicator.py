@@ -130,8 +130,9 @@ def test_failed_rank_aborts_every_survivor_within_5s(comm_test, tmp_path, np_, s
     victim = np_ - 1
     survivors = [r for r in range(np_) if r != victim]
     with Job(comm_test[0], np_, tmp_path, "ring", heartbeat=1.0) as job:
-        job.wait_for("READY", range(np_), 120)
-        time.sleep(0.5)  # mid-exchange
+        # Every rank has finished one exchange and started the next: the
+        # victim dies with data in flight.
+        job.wait_for("EXCHANGING", range(np_), 120)
         killed_at = time.monotonic()
         os.kill(job.procs[victim].pid, sig)
         got = job.wait_for("ABORTED", survivors, 30)

@@ -10,7 +10,8 @@
 //                                 (secret from TFRING_SECRET), runs SCENARIO:
 //     exchange   point-to-point and the collectives; prints "RESULT ok"
 //     ring       exchanges 1 MiB around a ring until the world fails; prints
-//                "READY" once connected and "ABORTED <message>" at the end
+//                "READY" once connected, "EXCHANGING" after its first
+//                exchange, and "ABORTED <message>" at the end
 //     serve      ranks > 0 wait for DIR/go before connecting; then prints
 //                "READY", keeps exchanging until DIR/stop exists,
 //                checks every message, prints "RESULT ok"
@@ -692,6 +693,10 @@ int RankMain(int rank, int n, const std::string& dir, const std::string& scenari
     for (int i = 0;; ++i) {
       s = SendRecv(*world, out, (rank + 1) % n, &in, (rank + n - 1) % n, 1);
       if (!s.ok()) break;
+      if (i == 0) {
+        std::printf("EXCHANGING\n");
+        std::fflush(stdout);
+      }
     }
     std::printf("ABORTED %s\n", s.message().c_str());
     std::fflush(stdout);
