@@ -35,7 +35,6 @@ import sys
 
 from tfring.common import transports
 from tfring.runner import hosts as hosts_mod
-from tfring.runner import mpiexec as mpiexec_mod
 from tfring.runner import modes, rank_env, rank_wrapper
 
 _DESCRIPTION = "Run a tfring (Horovod-compatible) training job on one or more hosts."
@@ -254,6 +253,14 @@ def _host_list(args):
     return None
 
 
+def _chosen_transport(args):
+    """The transport that tfringrun's flags chose; with none, the one that
+    takes an MPI communicator (tfringrun's default is MPI whatever the
+    environment says)."""
+    chosen = [t for t in transports.TRANSPORTS if getattr(args, t.name)]
+    return chosen[0] if chosen else transports.default({})
+
+
 def main(argv=None):
     """Entry point of the ``tfringrun`` console script; returns the exit code."""
     parser = build_parser()
@@ -284,11 +291,12 @@ def main(argv=None):
         hosts = _host_list(args)
     except hosts_mod.HostSpecError as e:
         return modes.fail(str(e))
+    transport = _chosen_transport(args)
     if args.num_proc is None and hosts is None:
         if under_mpi_launcher():
-            if args.tcp:
-                return modes.fail("--tcp starts the ranks itself; under an MPI launcher, leave it "
-                                  "out (the ranks then use MPI).")
+            if not transport.takes_comm:
+                return modes.fail(f"{transport.flags[0]} starts the ranks itself; under an MPI "
+                                  "launcher, leave it out (the ranks then use MPI).")
             return _exec_in_place(command, extra_env)
         return modes.fail("-np is required (or -H/--hostfile, to use all their slots)")
     if hosts is None:
@@ -300,21 +308,7 @@ def main(argv=None):
         return modes.fail(f"-np {num_proc} needs more slots than the "
                           f"{hosts_mod.total_slots(hosts)} in the host list "
                           f"({','.join(str(h) for h in hosts)})")
-    if args.tcp:
-        if args.mpi_args:
-            return modes.fail("--mpi-args needs MPI; --tcp starts the ranks without mpiexec.")
-        code = modes.build_library_first()
-        return code or modes.launch_tcp(args, hosts, num_proc, command, extra_env)
-    try:
-        mpiexec = mpiexec_mod.find_mpiexec()
-    except mpiexec_mod.MpiexecNotFound as e:
-        print(e, file=sys.stderr)
-        return 1
-    code = modes.build_library_first()
-    if code:
-        return code
-    return modes.launch_mpi(args, hosts, num_proc, command, extra_env, mpiexec)
-
+    return modes.LAUNCHERS[transport.name](args, hosts, num_proc, command, extra_env)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -118,7 +118,16 @@ class Job:
                   "still maps it", file=sys.stderr)
 
 
-def launch_mpi(args, hosts, num_proc, command, extra_env, mpiexec):
+def launch_mpi(args, hosts, num_proc, command, extra_env):
+    """The ranks start through hydra's mpiexec and negotiate over MPI."""
+    try:
+        mpiexec = mpiexec_mod.find_mpiexec()
+    except mpiexec_mod.MpiexecNotFound as e:
+        print(e, file=sys.stderr)
+        return 1
+    code = build_library_first()
+    if code:
+        return code
     job = Job(args, hosts, num_proc)
     env = {**rank_env.default_env(job.local_ranks), **extra_env, "TFRING_CONTROLLER": "mpi"}
     try:
@@ -145,6 +154,13 @@ def launch_mpi(args, hosts, num_proc, command, extra_env, mpiexec):
 
 
 def launch_tcp(args, hosts, num_proc, command, extra_env):
+    """tfringrun serves the rendezvous store and starts every rank itself
+    (remote ones over ssh); the ranks meet over TCP."""
+    if args.mpi_args:
+        return fail("--mpi-args needs MPI; --tcp starts the ranks without mpiexec.")
+    code = build_library_first()
+    if code:
+        return code
     job = Job(args, hosts, num_proc)
     if job.remote and shutil.which("ssh") is None:
         return fail(f"ssh was not found on PATH; --tcp starts the ranks on "
@@ -187,6 +203,12 @@ def launch_tcp(args, hosts, num_proc, command, extra_env):
         return code
     finally:
         store.stop()
+
+
+# How a fixed-size job starts over each transport of
+# tfring.common.transports, by its name: a new transport adds its function
+# here (the common package cannot import the runner).
+LAUNCHERS = {"mpi": launch_mpi, "tcp": launch_tcp}
 
 
 def launch_elastic(args, command, extra_env, given):
