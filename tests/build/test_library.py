@@ -154,6 +154,16 @@ def test_cache_entry_follows_tf_version_sources_and_env(tmp_path, monkeypatch):
     assert library.cache_entry("2.16.2", str(root), variant="cuda") != a
     (root / "tf_ops" / "common" / "common.h").write_text("// edited\n", encoding="utf-8")
     assert library.cache_entry("2.16.2", str(root)) != a
+    # Another compiler (here a wrapper that reports another version) gets
+    # an entry of its own.
+    wrapper = tmp_path / "other-c++"
+    wrapper.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "other-c++ 99.1"; exit 0; }\n'
+                       'exec g++ "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    b = library.cache_entry("2.16.2", str(root))
+    monkeypatch.delenv("CXX")
+    assert b != library.cache_entry("2.16.2", str(root))
     monkeypatch.delenv("TFRING_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert library.cache_dir() == str(tmp_path / "xdg" / "tfring")

@@ -372,6 +372,33 @@ def _compiler():
         "`conda install -c conda-forge gxx_linux-64` (conda); or set CXX to a compiler's path.")
 
 
+def compiler_identity():
+    """What the cache key knows of the compiler: its command, resolved to
+    files, and the first line of its ``--version``; "" when none is found.
+    A library built by another compiler (a new $CXX, an upgraded g++) can
+    differ in ABI or code, so it gets an entry of its own rather than being
+    reused silently."""
+    try:
+        cmd = _compiler()
+    except ToolMissingError:
+        return ""
+    key = (tuple(os.environ.get("PATH", "").split(os.pathsep)), tuple(cmd))
+    if key not in _COMPILER_IDENTITIES:
+        resolved = [os.path.realpath(shutil.which(w) or w) if not w.startswith("-") else w
+                    for w in cmd]
+        try:
+            out = subprocess.run([*cmd, "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        version = out.splitlines()[0].strip() if out.strip() else ""
+        _COMPILER_IDENTITIES[key] = f"{shlex.join(resolved)} ({version})"
+    return _COMPILER_IDENTITIES[key]
+
+
+_COMPILER_IDENTITIES = {}
+
+
 def build_jobs():
     """Parallel compiles: $TFRING_BUILD_JOBS, else the CPU count (at most 8:
     one TU with TF's headers needs about a GB of memory)."""
@@ -477,12 +504,13 @@ def cache_entry(tf_version, root=None, variant="", label=None):
     """The cache directory for a build against ``tf_version`` of the sources
     under ``root``: ``<cache>/<tfring version>/tf<ver>-<python>-<arch>-<hash>``
     (``label`` replaces ``tf<ver>`` for a build that is not TensorFlow's).
-    The hash covers the sources, the build recipe and ``variant`` (see
-    :func:`build_variant`), so an edited source or a GPU build gets an entry
-    of its own."""
+    The hash covers the sources, the build recipe, ``variant`` (see
+    :func:`build_variant`) and the compiler (:func:`compiler_identity`), so
+    an edited source, a GPU build or another compiler gets an entry of its
+    own."""
     root = root or source_root()
-    key = hashlib.sha256(
-        f"{source_digest(root)}|{RECIPE_VERSION}|{variant}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{source_digest(root)}|{RECIPE_VERSION}|{variant}|"
+                         f"{compiler_identity()}".encode()).hexdigest()[:16]
     arch = sysconfig.get_platform().replace("-", "_")
     name = f"{label or 'tf' + str(tf_version)}-{sys.implementation.cache_tag}-{arch}-{key}"
     return os.path.join(cache_dir(), _tfring_version(), name)
