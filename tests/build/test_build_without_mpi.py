@@ -28,8 +28,8 @@ core = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(core)
 print("MPI_BUILT", core.mpi_built())
 if "init" in sys.argv[2:]:
-    code, message = core.init(0)
-    print("INIT", code, message)
+    code, message, cause, rank = core.init(0)
+    print("INIT", code, cause, message)
 """
 
 
