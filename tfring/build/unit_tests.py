@@ -29,7 +29,8 @@ UNIT_TEST_SOURCES = {
     "speculation_test.cc": _NEGOTIATION_PIECES,
     "reduction_test.cc": ["reduction.cc", "common.cc"],
     "shm_test.cc": ["reduction.cc", "common.cc", "peer_monitor.cc", "logging.cc", "config.cc",
-                    "fusion_buffer.cc", "ops/shm_segment.cc", "ops/shm_data_plane.cc"],
+                    "fusion_buffer.cc", "ops/shm_segment.cc", "ops/shm_data_plane.cc",
+                    "ops/shm_single_copy.cc"],
     "tcp_client_test.cc": _TCP_WIRE + ["transport/tcp/socket.cc",
                                        "transport/tcp/rendezvous_client.cc",
                                        "transport/tcp/topology.cc"],
@@ -37,7 +38,7 @@ UNIT_TEST_SOURCES = {
     # Every CPU plane over MPI and over TCP (tests/common/ops/test_conformance_cpp.py).
     "conformance_test.cc": _TCP_WORLD + [
         "ops/mpi_data_plane.cc", "ops/ring_data_plane.cc", "ops/hierarchical_data_plane.cc",
-        "ops/shm_data_plane.cc", "ops/shm_segment.cc", "ops/adasum.cc",
+        "ops/shm_data_plane.cc", "ops/shm_single_copy.cc", "ops/shm_segment.cc", "ops/adasum.cc",
         "ops/comm_point_to_point.cc", "mpi/mpi_context.cc", "mpi/mpi_communicator.cc",
         "common.cc", "reduction.cc", "config.cc", "fusion_buffer.cc"],
     # The GPU pieces' logic over a fake NCCL/CUDA (TFRING_NCCL_PLANE_LOGIC).

@@ -36,24 +36,9 @@
 // out of place; in place, a rank r >= 2 combines ranks 0..r-1 a few KiB at a
 // time in a local buffer first (ReduceInOrder), so no copy is staged either.
 //
-// Single copy. From a size on, when every rank may read the others' memory
-// (process_vm_readv; probed and agreed once, at set-up), broadcast and
-// allgather skip the segment: one exchange shares the source buffers'
-// addresses, each rank copies what it needs straight from them into its
-// output, and a second exchange keeps every source alive until all have
-// read. Each byte is copied once, and the ranks do not move in lockstep
-// while they copy, which on a busy host (a rank descheduled between two
-// steps stalls the others) matters as much as the bytes. A rank whose read
-// fails says so in the second exchange, and all ranks then run the staged
-// path instead.
+// Single copy (opt-in): broadcasts and allgathers from a size on read the
+// source rank's memory directly; see shm_single_copy.cc.
 //
-// It is opt-in (ShmOptions::single_copy, TFRING_SHM_SINGLE_COPY=1). On the
-// 2-core test host under load, alone (shm_test --bench --compare) it matched
-// the staged path's time with 40% less CPU on a broadcast's root, but inside
-// TensorFlow's processes a 64 MB broadcast or allgather took 23-29 ms with
-// it against 10-25 ms staged (interleaved launches, np=2): the staged copies
-// run from cache, a cross-process read (page pinning, the source's memory
-// map lock) does not.
 #include "shm_data_plane.h"
 
 #include <sys/uio.h>
@@ -67,6 +52,7 @@
 
 #include "../logging.h"
 #include "../reduction.h"
+#include "shm_plane.h"
 #include "shm_segment.h"
 
 namespace tfring {
@@ -135,210 +121,8 @@ int64_t PartLength(int64_t total, int64_t lo, int64_t limit) {
   return Clamp(total - lo, 0, limit);
 }
 
-class ShmDataPlane : public DataPlane {
- public:
-  explicit ShmDataPlane(std::unique_ptr<ShmSegment> segment)
-      : seg_(std::move(segment)), rank_(seg_->rank()), size_(seg_->size()),
-        chunk_(seg_->chunk_bytes()), sources_(size_) {}
 
-  const char* name() const override { return "SHM"; }
-
-  // Collective: finds out whether every rank may read every other rank's
-  // memory (process_vm_readv: same user, ptrace permission, one PID
-  // namespace), and agrees on it. `allowed` false makes this rank refuse.
-  // From then on broadcasts and allgathers of at least rank 0's
-  // `min_bytes` copy each byte once, straight from the source rank's
-  // buffer, instead of through the segment.
-  Status SetUpSingleCopy(bool allowed, int64_t min_bytes);
-  bool single_copy() const { return single_copy_min_bytes_ >= 0; }
-  int64_t single_copy_min_bytes() const { return single_copy_min_bytes_; }
-
-  using DataPlane::Allreduce;
-  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
-                   ReduceOp op) override;
-  Status Allgather(const void* send, void* recv, const std::vector<int64_t>& recv_bytes) override;
-  Status Broadcast(void* buffer, int64_t bytes, int root) override {
-    return BroadcastOutOfPlace(buffer, buffer, bytes, root);
-  }
-  bool broadcasts_out_of_place() const override { return true; }
-  Status BroadcastOutOfPlace(const void* input, void* output, int64_t bytes, int root) override;
-  Status Alltoall(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
-                  const std::vector<int64_t>& recv_bytes) override;
-  Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
-                       DataType dtype, ReduceOp op) override;
-  Status Barrier() override;
-
- private:
-  Status SmallAllreduce(const char* in, char* out, int64_t count, DataType dtype, ReduceOp op);
-  Status PipelinedAllreduce(const char* in, char* out, int64_t count, DataType dtype, ReduceOp op);
-
-  // Copies n <= size x slot_bytes bytes into (out of) the slots of step t of
-  // every rank in rank order: only for collectives where one rank writes.
-  void CopyToSlots(uint32_t t, const char* src, int64_t n) {
-    const int64_t slot = seg_->slot_bytes();
-    for (int j = 0; j < size_ && n > 0; ++j, src += slot, n -= slot) {
-      std::memcpy(seg_->slot(j, t), src, std::min(n, slot));
-    }
-  }
-  void CopyFromSlots(uint32_t t, char* dst, int64_t n) const {
-    const int64_t slot = seg_->slot_bytes();
-    for (int j = 0; j < size_ && n > 0; ++j, dst += slot, n -= slot) {
-      std::memcpy(dst, seg_->slot(j, t), std::min(n, slot));
-    }
-  }
-
-  // Starts a step: its number (this rank's slot for it is seg_->slot(rank_, t)).
-  uint32_t BeginStep() { return step_++; }
-  // Publishes this rank's slot for step t and waits for everyone else's.
-  Status Exchange(uint32_t t) {
-    seg_->Publish(t);
-    Status s = seg_->WaitAll(t);
-    return s.ok() ? s : Fail(s);
-  }
-  // A failure in the middle of a collective leaves the ranks at different
-  // steps: the plane cannot be used again, and the peers are told so rather
-  // than left waiting.
-  Status Fail(const Status& s) {
-    broken_ = s;
-    seg_->Abandon("rank " + std::to_string(rank_) + " failed: " + s.message(), s.cause(), s.rank());
-    return s;
-  }
-  Status Usable() const {
-    if (broken_.ok()) return broken_;
-    return Status::Make(StatusCode::ABORTED, broken_.cause(),
-                        "tfring: the shared-memory data plane is unusable after an earlier "
-                        "failure: " + broken_.message(),
-                        broken_.rank());
-  }
-
-  std::unique_ptr<ShmSegment> seg_;
-  const int rank_, size_;
-  const int64_t chunk_;
-  // One reduction's sources in rank order (reused, so a collective allocates nothing).
-  std::vector<const void*> sources_;
-  uint32_t step_ = 1;  // the segment's counters start at 0 = "nothing published"
-  Status broken_;
-  // Set up by SetUpSingleCopy(): each rank's process id, and the smallest
-  // message that takes the single-copy path (-1: never).
-  std::vector<pid_t> pids_;
-  int64_t single_copy_min_bytes_ = -1;
-
-  // Reads `bytes` at `remote` in rank `peer`'s memory into `local`.
-  bool ReadPeer(int peer, uint64_t remote, char* local, int64_t bytes) const;
-  // The single-copy broadcast and allgather: Ok(true) when done, Ok(false)
-  // when some rank could not read a peer's memory (every rank then returns
-  // false, and the caller runs the staged path), or the error that broke
-  // the plane.
-  Status SingleCopyBroadcast(const char* in, char* out, int64_t bytes, int root, bool* done);
-  Status SingleCopyAllgather(const char* in, char* out, const std::vector<int64_t>& recv_bytes,
-                             const std::vector<int64_t>& off, bool* done);
-  // Ends a single-copy collective: publishes whether this rank's reads all
-  // succeeded and waits for everyone, so no rank returns (and frees or
-  // changes its buffer) while a peer still reads it. *all_ok: every rank's did.
-  Status FinishSingleCopy(bool ok, bool* all_ok);
-};
-
-// Something to read across processes at set-up, to check that it works.
-const uint64_t kProbeValue = 0x7466726970726f62ULL;  // "tfriprob"
-
-bool ShmDataPlane::ReadPeer(int peer, uint64_t remote, char* local, int64_t bytes) const {
-  while (bytes > 0) {
-    // One call moves at most about 2 GB (MAX_RW_COUNT); a short read goes on.
-    iovec l{local, static_cast<size_t>(std::min<int64_t>(bytes, int64_t{1} << 30))};
-    iovec r{reinterpret_cast<void*>(remote), l.iov_len};
-    const ssize_t got = process_vm_readv(pids_[peer], &l, 1, &r, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    local += got;
-    remote += got;
-    bytes -= got;
-  }
-  return true;
-}
-
-Status ShmDataPlane::SetUpSingleCopy(bool allowed, int64_t min_bytes) {
-  if (size_ == 1) return Status::OK();
-  // Step 1: every rank's pid and the address of its probe value.
-  uint32_t t = BeginStep();
-  const uint64_t mine[2] = {static_cast<uint64_t>(getpid()),
-                            reinterpret_cast<uint64_t>(&kProbeValue)};
-  std::memcpy(seg_->slot(rank_, t), mine, sizeof mine);
-  TFRING_RETURN_IF_ERROR(Exchange(t));
-  pids_.assign(size_, 0);
-  std::vector<uint64_t> probes(size_);
-  for (int j = 0; j < size_; ++j) {
-    uint64_t theirs[2];
-    std::memcpy(theirs, seg_->slot(j, t), sizeof theirs);
-    pids_[j] = static_cast<pid_t>(theirs[0]);
-    probes[j] = theirs[1];
-  }
-  // Step 2: whether this rank could read every peer's probe (EPERM under
-  // ptrace restrictions such as Yama's ptrace_scope, ENOSYS or EPERM under
-  // seccomp, ESRCH across PID namespaces); rank 0's threshold rides along.
-  bool ok = allowed;
-  for (int j = 0; j < size_ && ok; ++j) {
-    uint64_t got = 0;
-    ok = j == rank_ || (ReadPeer(j, probes[j], reinterpret_cast<char*>(&got), sizeof got) &&
-                        got == kProbeValue);
-  }
-  t = BeginStep();
-  seg_->set_meta(t, ok ? std::max<int64_t>(min_bytes, 0) : -1);
-  TFRING_RETURN_IF_ERROR(Exchange(t));
-  int64_t agreed = seg_->meta(0, t);
-  for (int j = 1; j < size_; ++j) {
-    if (seg_->meta(j, t) < 0) agreed = -1;
-  }
-  single_copy_min_bytes_ = agreed;
-  return Status::OK();
-}
-
-Status ShmDataPlane::FinishSingleCopy(bool ok, bool* all_ok) {
-  const uint32_t t = BeginStep();
-  seg_->set_meta(t, ok ? 1 : 0);
-  TFRING_RETURN_IF_ERROR(Exchange(t));
-  *all_ok = true;
-  for (int j = 0; j < size_; ++j) *all_ok = *all_ok && seg_->meta(j, t) == 1;
-  return Status::OK();
-}
-
-// Two exchanges whatever the size, and each peer copies the root's input
-// into its output once, as the root copies its own: no lockstep in between,
-// which on a busy host (a rank descheduled between steps) matters as much as
-// the bytes.
-Status ShmDataPlane::SingleCopyBroadcast(const char* in, char* out, int64_t bytes, int root,
-                                         bool* done) {
-  uint32_t t = BeginStep();
-  if (rank_ == root) seg_->set_meta(t, static_cast<int64_t>(reinterpret_cast<uintptr_t>(in)));
-  TFRING_RETURN_IF_ERROR(Exchange(t));
-  bool ok = true;
-  if (rank_ != root) {
-    ok = ReadPeer(root, static_cast<uint64_t>(seg_->meta(root, t)), out, bytes);
-  } else if (out != in) {
-    std::memmove(out, in, bytes);  // overlapping is against the contract, but stays defined
-  }
-  return FinishSingleCopy(ok, done);
-}
-
-Status ShmDataPlane::SingleCopyAllgather(const char* in, char* out,
-                                         const std::vector<int64_t>& recv_bytes,
-                                         const std::vector<int64_t>& off, bool* done) {
-  uint32_t t = BeginStep();
-  seg_->set_meta(t, static_cast<int64_t>(reinterpret_cast<uintptr_t>(in)));
-  TFRING_RETURN_IF_ERROR(Exchange(t));
-  bool ok = true;
-  // Start with the next rank, so the ranks do not all read one peer at once.
-  for (int i = 1; i < size_ && ok; ++i) {
-    const int j = (rank_ + i) % size_;
-    if (recv_bytes[j] > 0) {
-      ok = ReadPeer(j, static_cast<uint64_t>(seg_->meta(j, t)), out + off[j], recv_bytes[j]);
-    }
-  }
-  TFRING_RETURN_IF_ERROR(FinishSingleCopy(ok, done));
-  // After everyone has read this rank's input, in case it overlaps the output.
-  char* own = out + off[rank_];
-  if (*done && recv_bytes[rank_] > 0 && own != in) std::memmove(own, in, recv_bytes[rank_]);
-  return Status::OK();
-}
+}  // namespace
 
 Status ShmDataPlane::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                                ReduceOp op) {
@@ -603,8 +387,6 @@ Status ShmDataPlane::Barrier() {
   if (size_ == 1) return Status::OK();
   return Exchange(BeginStep());
 }
-
-}  // namespace
 
 Status CreateShmDataPlane(int rank, int size, DataPlane* bootstrap,
                           std::shared_ptr<PeerMonitor> monitor, const ShmOptions& options,

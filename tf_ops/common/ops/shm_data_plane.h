@@ -37,7 +37,7 @@ struct ShmOptions {
   // memory directly (process_vm_readv) when the system permits it. The
   // ranks agree at set-up: if any rank refuses or is refused, none does.
   // Off by default: measured inside TensorFlow, the staged path was as fast
-  // or faster (see the single-copy note in shm_data_plane.cc).
+  // or faster (see the note in shm_single_copy.cc).
   bool single_copy = false;
   // Broadcasts and allgathers (counting the whole output) of at least this
   // many bytes take the single-copy path; negative: choose. Rank 0's value
