@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from support import ROOT
-from tfring.build import library
+from tfring.build import cache, library
 
 pytestmark = pytest.mark.install
 
@@ -101,7 +101,7 @@ def test_mpi_built_tells_the_truth(library_without_mpi):
     # Asking it to start over MPI is an error that names the cause.
     assert "INIT 0" not in out and "built without MPI (TFRING_WITH_MPI=0)" in out, out
     # And the default build (the in-place library, when there is one) says True.
-    packaged = library.packaged_library()
+    packaged = cache.packaged_library()
     if packaged is not None:
         assert "MPI_BUILT True" in _probe(packaged)
 

@@ -1,5 +1,5 @@
-"""tfring/build/library.py: the locked per-TF-version cache, the compile, the
-choice between the installed library and the cache, and the package data.
+"""tfring/build/library.py and cache.py: the locked per-TF-version cache, the compile,
+the choice between the installed library and the cache, and the package data.
 
 The compiles here are real but small (a one-function C++ file), so these run
 in seconds; tests/build/test_install.py builds the real library in a fresh
@@ -17,7 +17,7 @@ import zipfile
 
 import pytest
 
-from tfring.build import library, unit_tests
+from tfring.build import cache, library, unit_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _BUILDER = textwrap.dedent(r"""
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
-    from tfring.build import library
+    from tfring.build import cache, library
     entry, count, signal, go, src = sys.argv[2:7]
 
     def build(out):
@@ -43,7 +43,7 @@ _BUILDER = textwrap.dedent(r"""
         with open(count, "a") as f:
             f.write(f"{os.getpid()}\n")
 
-    path = library.locked_build(entry, build, log=lambda m: print("LOG", m, flush=True))
+    path = cache.locked_build(entry, build, log=lambda m: print("LOG", m, flush=True))
     print("PATH", path, flush=True)
 """)
 
@@ -106,13 +106,13 @@ def test_failed_build_leaves_nothing_and_releases_the_lock(tmp_path):
         raise library.BuildError("compiler crashed")
 
     with pytest.raises(library.BuildError, match="compiler crashed"):
-        library.locked_build(entry, broken)
+        cache.locked_build(entry, broken)
     assert not os.path.exists(os.path.join(entry, library.LIBRARY_NAME))
     assert os.listdir(entry) == []
     # The lock is free again: the next build goes through.
     src = _tiny_source(tmp_path)
     options = library.BuildOptions(sources=[src], extra_compile_args=["-fPIC"])
-    path = library.locked_build(
+    path = cache.locked_build(
         entry, lambda out: library.compile_library(out, options, str(tmp_path), jobs=1))
     assert os.path.exists(path)
 
@@ -146,14 +146,14 @@ def test_cache_entry_follows_tf_version_sources_and_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TFRING_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "src"
     shutil.copytree(os.path.join(ROOT, "tf_ops"), root / "tf_ops")
-    a = library.cache_entry("2.16.2", str(root))
+    a = cache.cache_entry("2.16.2", str(root))
     assert a.startswith(str(tmp_path / "cache") + os.sep)
     assert os.path.basename(a).startswith("tf2.16.2-")
-    assert library.cache_entry("2.16.2", str(root)) == a
-    assert library.cache_entry("2.21.0", str(root)) != a
-    assert library.cache_entry("2.16.2", str(root), variant="cuda") != a
+    assert cache.cache_entry("2.16.2", str(root)) == a
+    assert cache.cache_entry("2.21.0", str(root)) != a
+    assert cache.cache_entry("2.16.2", str(root), variant="cuda") != a
     (root / "tf_ops" / "common" / "common.h").write_text("// edited\n", encoding="utf-8")
-    assert library.cache_entry("2.16.2", str(root)) != a
+    assert cache.cache_entry("2.16.2", str(root)) != a
     # Another compiler (here a wrapper that reports another version) gets
     # an entry of its own.
     wrapper = tmp_path / "other-c++"
@@ -161,12 +161,12 @@ def test_cache_entry_follows_tf_version_sources_and_env(tmp_path, monkeypatch):
                        'exec g++ "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("CXX", str(wrapper))
-    b = library.cache_entry("2.16.2", str(root))
+    b = cache.cache_entry("2.16.2", str(root))
     monkeypatch.delenv("CXX")
-    assert b != library.cache_entry("2.16.2", str(root))
+    assert b != cache.cache_entry("2.16.2", str(root))
     monkeypatch.delenv("TFRING_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert library.cache_dir() == str(tmp_path / "xdg" / "tfring")
+    assert cache.cache_dir() == str(tmp_path / "xdg" / "tfring")
 
 
 def test_extra_options_merge_and_reject_unknown_fields():
@@ -182,7 +182,7 @@ def test_extra_options_merge_and_reject_unknown_fields():
 
 def test_installed_tf_version_matches_tensorflow():
     import tensorflow as tf
-    assert library.installed_tf_version() == tf.__version__
+    assert cache.installed_tf_version() == tf.__version__
 
 
 def test_loader_takes_the_cache_when_the_install_is_for_another_tf(tmp_path, monkeypatch):
@@ -194,14 +194,14 @@ def test_loader_takes_the_cache_when_the_install_is_for_another_tf(tmp_path, mon
     monkeypatch.delenv("TFRING_LIBRARY", raising=False)
     monkeypatch.delenv("HOROVOD_LIBRARY", raising=False)
     monkeypatch.setenv("TFRING_CACHE_DIR", str(tmp_path))
-    packaged = library.packaged_library()
+    packaged = cache.packaged_library()
     if packaged is None:
         pytest.skip("no library installed next to the package")
-    entry = library.cache_entry(tf.__version__, library.source_root(),
+    entry = cache.cache_entry(tf.__version__, library.source_root(),
                                 library.build_variant(tf))
-    monkeypatch.setattr(library, "packaged_tf_version", lambda: tf.__version__)
+    monkeypatch.setattr(cache, "packaged_tf_version", lambda: tf.__version__)
     assert loader.library_path() == packaged
-    monkeypatch.setattr(library, "packaged_tf_version", lambda: "1.0.0")
+    monkeypatch.setattr(cache, "packaged_tf_version", lambda: "1.0.0")
     os.makedirs(entry)
     shutil.copy(packaged, os.path.join(entry, library.LIBRARY_NAME))
     assert loader.library_path() == os.path.join(entry, library.LIBRARY_NAME)
@@ -221,7 +221,7 @@ def test_wheel_carries_the_sources_and_no_library(tmp_path):
     names = zipfile.ZipFile(wheels[0]).namelist()
     for rel in library.source_files(ROOT):
         assert f"tfring/_csrc/{rel}" in names, rel
-    assert "tfring/build/library.py" in names
+    assert "tfring/build/library.py" in names and "tfring/build/cache.py" in names
     assert not [n for n in names if n.endswith(".so") or n.endswith("_build_info.py")]
     metadata = zipfile.ZipFile(wheels[0]).read(
         [n for n in names if n.endswith("METADATA")][0]).decode()

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from tfring.build import library
+from tfring.build import cache, library
 
 MODULE_NAME = "_tfring_core"
 FILE_NAME = MODULE_NAME + ".so"
@@ -66,7 +66,7 @@ def build_options(root, workdir, log=library._log):
 
 def cache_entry(root=None):
     """The cache directory of this build of the module."""
-    return library.cache_entry(None, root or library.source_root(), variant(), label="core")
+    return cache.cache_entry(None, root or library.source_root(), variant(), label="core")
 
 
 def ensure_module(log=library._log):
@@ -110,8 +110,8 @@ def ensure_module(log=library._log):
                 "source_root": root, "compiler": shlex.join(library._compiler()),
                 "seconds": round(time.monotonic() - start, 1),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        with open(os.path.join(entry, "core_" + library.BUILD_INFO_NAME), "w") as f:
+        with open(os.path.join(entry, "core_" + cache.BUILD_INFO_NAME), "w") as f:
             json.dump(info, f, indent=1)
 
-    return library.locked_build(entry, build, log=log, name=FILE_NAME,
+    return cache.locked_build(entry, build, log=log, name=FILE_NAME,
                                 what="tfring's core module")

@@ -45,13 +45,13 @@ def library_path():
         return override
     import tensorflow as tf
 
-    from tfring.build import library
-    packaged = library.packaged_library()
+    from tfring.build import cache
+    packaged = cache.packaged_library()
     if packaged is not None:
-        built_for = library.packaged_tf_version()
+        built_for = cache.packaged_tf_version()
         if built_for is None or built_for == tf.__version__:
             return packaged
-    return library.ensure_library(tf)
+    return cache.ensure_library(tf)
 
 
 def _needed_libraries(path):

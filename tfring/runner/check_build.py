@@ -35,7 +35,7 @@ def build_facts():
     except Exception as e:
         return [], [f"TensorFlow cannot be imported: {type(e).__name__}: {e}"]
     lines.append(f"TensorFlow {tf.__version__} ({os.path.dirname(tf.__file__)})")
-    from tfring.build import library
+    from tfring.build import cache
     from tfring.common import loader
     try:
         path = loader.library_path()
@@ -44,12 +44,12 @@ def build_facts():
         return lines, problems
     if os.environ.get("TFRING_LIBRARY") or os.environ.get("HOROVOD_LIBRARY"):
         origin = "from TFRING_LIBRARY"
-    elif path == library.packaged_library():
-        built_for = library.packaged_tf_version()
+    elif path == cache.packaged_library():
+        built_for = cache.packaged_tf_version()
         origin = (f"installed with tfring, built for TensorFlow {built_for}" if built_for
                   else "installed with tfring, no build record (e.g. Bazel)")
     else:
-        info = library.read_build_info(os.path.dirname(path)) or {}
+        info = cache.read_build_info(os.path.dirname(path)) or {}
         origin = (f"build cache, built for TensorFlow {info.get('tf_version', '?')} "
                   f"in {info.get('seconds', '?')} s")
     lines.append(f"Op library: {path} ({origin})")

@@ -30,9 +30,9 @@ def build_library_first():
     TensorFlow import; only a needed build pays one. Returns an exit code, 0
     to go on. (Ranks on other hosts, or in another environment, still build
     on import, once per host, under the cache's lock.)"""
-    from tfring.build import library
+    from tfring.build import cache
     import importlib.util
-    if importlib.util.find_spec("tensorflow") is None or library.library_ready_fast():
+    if importlib.util.find_spec("tensorflow") is None or cache.library_ready_fast():
         return 0
     proc = subprocess.run([sys.executable, "-m", "tfring.build"], stdout=subprocess.DEVNULL)
     if proc.returncode != 0:
