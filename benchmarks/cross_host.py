@@ -3,7 +3,7 @@
 
     python benchmarks/cross_host.py [--quick] [--rates 1gbit,2500mbit,5gbit,unlimited]
                                     [--layouts 2x1,3x1,4x1,2x2] [--rounds N]
-                                    [--libs tcp,tcp-hier,mpi,mpich,gloo] [--json out.json]
+                                    [--libs tcp,tcp-tf,tcp-hier,mpi,mpich,gloo] [--json out.json]
                                     [--md benchmarks/RESULTS_CROSS_HOST.md]
 
 Fake hosts are network namespaces joined by a bridge (tests/netns_support.py;
@@ -11,14 +11,19 @@ needs root); `--rates` limits each host's veth, in both directions, with a
 token bucket (tc tbf: netem, for latency, is not in this kernel). A layout
 HxR is H fake hosts with R ranks each. On the same hosts, one after the other
 (the order rotating between rounds), run:
-  tcp       tfring, `tfringrun --tcp -H h0:R,...` (the default planes);
-  tcp-hier  the same with TFRING_HIERARCHICAL_ALLREDUCE=1 (layouts with R > 1);
-  mpi       tfring, `tfringrun --mpi -H ...` (MPICH hydra over the fake ssh);
-  mpich     MPI_Allreduce through mpi4py, started by the same mpiexec;
-  gloo      torch.distributed all_reduce, backend gloo (benchmark only).
-Every library runs the same loop (benchmarks/transport.py's for tfring):
-each call lined up by a tiny allreduce, the slowest rank's median, the
-process CPU per call. Rows: 4 KB latency, 1 MB and 64 MB busbw (nccl-tests:
+  tcp       tfring, `tfringrun --tcp -H h0:R,...` (the default planes),
+            tfring.core's in-place allreduce_ on a numpy array;
+  tcp-tf    the same through the TensorFlow eager op (tfring.tensorflow's
+            allreduce: a fresh output tensor per call; no .numpy());
+  tcp-hier  tcp with TFRING_HIERARCHICAL_ALLREDUCE=1 (layouts with R > 1);
+  mpi       tcp's loop under `tfringrun --mpi -H ...` (MPICH hydra over the
+            fake ssh);
+  mpich     MPI_Allreduce through mpi4py on numpy arrays, same mpiexec;
+  gloo      torch.distributed all_reduce in place, backend gloo (benchmark
+            only; torch is no dependency of tfring).
+Every library runs the same loop on buffers it keeps (in place, as DDP and
+Horovod reduce gradients): each call lined up by a tiny allreduce, the
+slowest rank's median, the process CPU per call. Rows: 4 KB latency, 1 MB and 64 MB busbw (nccl-tests:
 bytes / time * 2(n-1)/n) as a fraction of the ceiling, one raw one-way TCP
 stream between two of the hosts over the same shaped link, measured in the
 same run before and after the libraries (the higher kept). Also recorded:
@@ -46,8 +51,9 @@ import bench_common as bc  # noqa: E402
 import transport  # noqa: E402
 
 SIZES = transport.SIZES
-LIBS = ("tcp", "tcp-hier", "mpi", "mpich", "gloo")
-LIB_NAMES = {"tcp": "tfring --tcp", "tcp-hier": "tfring --tcp hier.", "mpi": "tfring --mpi",
+LIBS = ("tcp", "tcp-tf", "tcp-hier", "mpi", "mpich", "gloo")
+LIB_NAMES = {"tcp": "tfring --tcp", "tcp-tf": "tfring --tcp, TF op", "tcp-hier":
+             "tfring --tcp hier.", "mpi": "tfring --mpi",
              "mpich": "MPICH (mpi4py)", "gloo": "Gloo (torch)"}
 RATE_GBIT = {"1gbit": 1.0, "2500mbit": 2.5, "5gbit": 5.0, "unlimited": None}
 
@@ -72,6 +78,56 @@ def _timed_rows(sizes, allreduce, line_up, cpu):
                 times.append(time.perf_counter() - t0)
         rows[label] = (statistics.median(times), (cpu() - cpu0) / len(times))
     return rows
+
+
+def tfring_rank(args):
+    """tfring under tfringrun: the core's in-place allreduce_ on numpy
+    arrays (as Gloo and MPICH run here), or with --tf the TensorFlow eager
+    op (a fresh output tensor per call, no .numpy())."""
+    import numpy as np
+    if args.rank_mode == "tfring-tf":
+        import tensorflow as tf
+        import tfring.tensorflow as hvd
+        hvd.init()
+        size = hvd.size()
+        one = tf.ones([1])
+        tensors = {SIZES[k] // 4: tf.ones([SIZES[k] // 4]) for k in args.sizes}
+        for t in tensors.values():
+            out = hvd.allreduce(t, op=hvd.Sum, name=f"check{t.shape[0]}").numpy()
+            assert out[0] == size and out[-1] == size
+
+        def allreduce(x):
+            hvd.allreduce(tensors[x.size], op=hvd.Sum, name="bench")
+
+        def line_up():
+            hvd.allreduce(one, op=hvd.Sum, name="line_up")
+
+        def slowest(values):
+            return hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Max,
+                                 name="slowest").numpy().tolist()
+    else:
+        import tfring.core as hvd
+        hvd.init()
+        size = hvd.size()
+        one = np.ones(1, np.float32)
+        # In place, one array per size, checked once and then kept at zero.
+        arrays = {SIZES[k] // 4: np.ones(SIZES[k] // 4, np.float32) for k in args.sizes}
+        for a in arrays.values():
+            hvd.allreduce_(a, op=hvd.Sum, name=f"check{a.size}")
+            assert a[0] == size and a[-1] == size
+            a[:] = 0
+
+        def allreduce(x):
+            hvd.allreduce_(arrays[x.size], op=hvd.Sum, name="bench")
+
+        def line_up():
+            hvd.allreduce_(one, op=hvd.Sum, name="line_up")
+
+        def slowest(values):
+            return hvd.allreduce(np.array(values), op=hvd.Max, name="slowest").tolist()
+    rows = _timed_rows(args.sizes, allreduce, line_up, bc.rusage_cpu)
+    _write(args.out, hvd.rank(), {k: slowest(list(v)) for k, v in rows.items()})
+    hvd.shutdown()
 
 
 def mpich_rank(args):
@@ -183,13 +239,13 @@ class Bench:
                     total += int(f.read())
         return total // 2  # every byte crossing hosts is sent on one veth and received on another
 
-    def tfring(self, controller, extra_env=()):
+    def tfring(self, controller, mode="tfring-core", extra_env=()):
         out = self._out(controller)
         cmd = [sys.executable, "-m", "tfring.runner.launch", "-np", str(self.np), f"--{controller}",
                "--timeout", str(self.timeout), "-H", self.host_list,
                "--network-interfaces", self.hosts.interfaces(),
-               sys.executable, os.path.join(HERE, "transport.py"), "--rank-mode", "--out", out,
-               "--sizes", ",".join(self.sizes), "--idle-seconds", "0"]
+               sys.executable, os.path.abspath(__file__), "--rank-mode", mode, "--out", out,
+               "--sizes", ",".join(self.sizes)]
         return run(cmd, dict(self.env, **dict(extra_env)), self.timeout + 60, out)
 
     def mpich(self):
@@ -235,8 +291,10 @@ class Bench:
         t0, b0 = time.time(), self.link_bytes()
         if lib == "tcp":
             data = self.tfring("tcp")
+        elif lib == "tcp-tf":
+            data = self.tfring("tcp", "tfring-tf")
         elif lib == "tcp-hier":
-            data = self.tfring("tcp", {"TFRING_HIERARCHICAL_ALLREDUCE": "1"})
+            data = self.tfring("tcp", extra_env={"TFRING_HIERARCHICAL_ALLREDUCE": "1"})
         elif lib == "mpi":
             data = self.tfring("mpi")
         elif lib == "mpich":
@@ -349,12 +407,13 @@ def main():
     p.add_argument("--timeout", type=int, default=240, help="seconds per launch")
     p.add_argument("--json")
     p.add_argument("--md", help="append the tables to this markdown file")
-    p.add_argument("--rank-mode", choices=("mpich", "gloo"), help=argparse.SUPPRESS)
+    p.add_argument("--rank-mode", choices=("tfring-core", "tfring-tf", "mpich", "gloo"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.sizes = [s.strip() for s in args.sizes.split(",")]
     if args.rank_mode:
-        return (mpich_rank if args.rank_mode == "mpich" else gloo_rank)(args)
+        return {"mpich": mpich_rank, "gloo": gloo_rank}.get(args.rank_mode, tfring_rank)(args)
     import netns_support
     if not netns_support.available():
         sys.exit("cross_host.py needs root and network namespaces (ip netns)")
