@@ -60,23 +60,34 @@ RATE_GBIT = {"1gbit": 1.0, "2500mbit": 2.5, "5gbit": 5.0, "unlimited": None}
 
 # ---------------------------------------------------------------- rank side
 
-def _timed_rows(sizes, allreduce, line_up, cpu):
-    """{label: (median seconds, CPU seconds per call)} of this rank."""
+DETAIL = ("user_s", "sys_s", "voluntary_switches", "involuntary_switches")
+
+
+def _usage():
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return (r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw)
+
+
+def _timed_rows(sizes, allreduce, line_up):
+    """{label: [median seconds, CPU seconds, *DETAIL]}, the rusage figures
+    per call (line-up included) of this process, all its threads."""
     import numpy as np
     rows = {}
     for label in sizes:
         nbytes = SIZES[label]
         x = np.ones(nbytes // 4, np.float32)
-        times, cpu0 = [], 0.0
+        times, u0 = [], None
         for i in range(transport.reps_for(nbytes) + 3):
             if i == 3:
-                cpu0 = cpu()
+                u0 = _usage()
             line_up()
             t0 = time.perf_counter()
             allreduce(x)
             if i >= 3:
                 times.append(time.perf_counter() - t0)
-        rows[label] = (statistics.median(times), (cpu() - cpu0) / len(times))
+        per_call = [(v1 - v0) / len(times) for v0, v1 in zip(u0, _usage())]
+        rows[label] = [statistics.median(times), per_call[0] + per_call[1], *per_call]
     return rows
 
 
@@ -125,7 +136,7 @@ def tfring_rank(args):
 
         def slowest(values):
             return hvd.allreduce(np.array(values), op=hvd.Max, name="slowest").tolist()
-    rows = _timed_rows(args.sizes, allreduce, line_up, bc.rusage_cpu)
+    rows = _timed_rows(args.sizes, allreduce, line_up)
     _write(args.out, hvd.rank(), {k: slowest(list(v)) for k, v in rows.items()})
     hvd.shutdown()
 
@@ -142,7 +153,7 @@ def mpich_rank(args):
         comm.Allreduce(x, out, op=MPI.SUM)
         assert out[0] == comm.size and out[-1] == comm.size
 
-    rows = _timed_rows(args.sizes, allreduce, lambda: comm.Allreduce(one, out1), bc.rusage_cpu)
+    rows = _timed_rows(args.sizes, allreduce, lambda: comm.Allreduce(one, out1))
     _write(args.out, comm.rank, {k: [comm.allreduce(v, op=MPI.MAX) for v in rows[k]]
                                  for k in rows})
 
@@ -165,7 +176,7 @@ def gloo_rank(args):
     def timed_allreduce(x):
         dist.all_reduce(tensors[x.size])
 
-    rows = _timed_rows(args.sizes, timed_allreduce, lambda: dist.all_reduce(one), bc.rusage_cpu)
+    rows = _timed_rows(args.sizes, timed_allreduce, lambda: dist.all_reduce(one))
     result = {}
     for k, values in rows.items():
         t = torch.tensor(values, dtype=torch.float64)
@@ -179,7 +190,8 @@ def _write(path, rank, rows):
     if rank == 0:
         with open(path, "w") as f:
             json.dump({"rows": {k: v[0] for k, v in rows.items()},
-                       "cpu_per_call": {k: v[1] for k, v in rows.items()}}, f)
+                       "cpu_per_call": {k: v[1] for k, v in rows.items()},
+                       "detail": {k: dict(zip(DETAIL, v[2:])) for k, v in rows.items()}}, f)
 
 
 # ---------------------------------------------------------------- launcher side
@@ -212,8 +224,9 @@ def run(cmd, env, timeout, out=None):
 class Bench:
     """One layout of fake hosts at one link rate; runs the libraries on it."""
 
-    def __init__(self, hosts, names, per_host, tmp, timeout, sizes):
+    def __init__(self, hosts, names, per_host, tmp, timeout, sizes, strace_dir=None):
         self.hosts, self.names, self.per_host = hosts, names, per_host
+        self.strace_dir = strace_dir
         self.np = len(names) * per_host
         self.tmp, self.timeout, self.sizes = tmp, timeout, sizes
         hosts.ssh_command(tmp)
@@ -223,6 +236,13 @@ class Bench:
                         PATH=tmp + os.pathsep + os.environ["PATH"])
         self.host_list = ",".join(f"{n}:{per_host}" for n in names)
         self.mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+    def _python(self, lib):
+        """The rank's interpreter, under `strace -c -f` with --strace."""
+        if not self.strace_dir:
+            return [sys.executable]
+        target = os.path.join(self.strace_dir, f"strace.{lib}.")
+        return ["sh", "-c", f'exec strace -f -c -o {target}$$ "$@"', "sh", sys.executable]
 
     def _out(self, lib):
         path = os.path.join(self.tmp, f"{lib}.json")
@@ -244,14 +264,15 @@ class Bench:
         cmd = [sys.executable, "-m", "tfring.runner.launch", "-np", str(self.np), f"--{controller}",
                "--timeout", str(self.timeout), "-H", self.host_list,
                "--network-interfaces", self.hosts.interfaces(),
-               sys.executable, os.path.abspath(__file__), "--rank-mode", mode, "--out", out,
+               *self._python(mode + "-" + controller), os.path.abspath(__file__),
+               "--rank-mode", mode, "--out", out,
                "--sizes", ",".join(self.sizes)]
         return run(cmd, dict(self.env, **dict(extra_env)), self.timeout + 60, out)
 
     def mpich(self):
         out = self._out("mpich")
         cmd = [self.mpiexec, "-n", str(self.np), "-hosts", self.host_list, "-launcher", "ssh",
-               "-iface", self.hosts.bridge, sys.executable, os.path.abspath(__file__),
+               "-iface", self.hosts.bridge, *self._python("mpich"), os.path.abspath(__file__),
                "--rank-mode", "mpich", "--out", out, "--sizes", ",".join(self.sizes)]
         return run(cmd, self.env, self.timeout, out)
 
@@ -265,7 +286,7 @@ class Bench:
                 env = dict(self.env, MASTER_ADDR=self.hosts.address(self.names[0]),
                            MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(self.np),
                            GLOO_SOCKET_IFNAME=self.hosts.interface(host), OMP_NUM_THREADS="1")
-                argv = [sys.executable, os.path.abspath(__file__), "--rank-mode", "gloo",
+                argv = [*self._python("gloo"), os.path.abspath(__file__), "--rank-mode", "gloo",
                         "--out", out, "--sizes", ",".join(self.sizes)]
                 procs.append(subprocess.Popen(self.hosts.command(host, argv), cwd=ROOT, env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -316,7 +337,27 @@ def load():
         return " ".join(f.read().split()[:3])
 
 
-def run_layout(rate, layout, libs, rounds, timeout, sizes):
+def strace_summary(directory, lib_key, ranks):
+    """{syscall: calls per rank} summed over the `strace -c -f` files of
+    one library's ranks (then removed)."""
+    import glob
+    calls = {}
+    for path in glob.glob(os.path.join(directory, f"strace.{lib_key}.*")):
+        with open(path) as f:
+            for line in f:
+                fields = line.split()
+                # % time, seconds, usecs/call, calls, [errors,] syscall
+                if len(fields) >= 5 and fields[3].isdigit() and not fields[-1] == "total":
+                    calls[fields[-1]] = calls.get(fields[-1], 0) + int(fields[3]) / ranks
+        os.unlink(path)
+    return dict(sorted(calls.items(), key=lambda kv: -kv[1]))
+
+
+STRACE_KEYS = {"tcp": "tfring-core-tcp", "tcp-tf": "tfring-tf-tcp", "tcp-hier": "tfring-core-tcp",
+               "mpi": "tfring-core-mpi", "mpich": "mpich", "gloo": "gloo"}
+
+
+def run_layout(rate, layout, libs, rounds, timeout, sizes, strace=False):
     import netns_support
     n_hosts, per_host = (int(v) for v in layout.split("x"))
     names = [f"h{i}" for i in range(n_hosts)]
@@ -329,13 +370,16 @@ def run_layout(rate, layout, libs, rounds, timeout, sizes):
             for n in names:
                 if len(hosts.shaping(n)) != 2:
                     raise Failed(f"fake host {n} is not shaped: tc shows {hosts.shaping(n)}")
-        bench = Bench(hosts, names, per_host, tmp, timeout, sizes)
+        bench = Bench(hosts, names, per_host, tmp, timeout, sizes, tmp if strace else None)
         raws = [raw_stream(hosts, names)]
         for r in range(rounds):
             order = libs[r % len(libs):] + libs[:r % len(libs)]
             for lib in order:
                 try:
                     cell["runs"][lib].append(bench.measure(lib))
+                    if strace:
+                        cell.setdefault("strace", {})[lib] = strace_summary(
+                            tmp, STRACE_KEYS[lib], cell["np"])
                 except Failed as e:
                     cell["errors"].setdefault(lib, []).append(str(e))
                     print(f"  {layout} {rate} {lib}: {str(e)[:300]}", file=sys.stderr)
@@ -395,6 +439,26 @@ def table(cells, libs):
     return "\n".join(lines)
 
 
+def strace_table(cell, libs):
+    """System calls per rank and per call of the last size measured."""
+    calls = transport.reps_for(SIZES[cell_sizes(cell)[-1]]) + 3
+    lines = [f"\nSystem calls per rank per call ({cell_sizes(cell)[-1]}, strace -c -f; the "
+             "whole run divided by its calls of that size):\n",
+             "| library | top system calls |", "|---|---|"]
+    for lib in libs:
+        top = list((cell.get("strace") or {}).get(lib, {}).items())[:8]
+        lines.append(f"| {LIB_NAMES[lib]} | " + ", ".join(f"{name} {n / calls:.0f}"
+                                                         for name, n in top) + " |")
+    return "\n".join(lines)
+
+
+def cell_sizes(cell):
+    for runs in cell["runs"].values():
+        if runs:
+            return list(runs[0]["rows"])
+    return list(SIZES)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -405,6 +469,9 @@ def main():
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--sizes", default=",".join(SIZES))
     p.add_argument("--timeout", type=int, default=240, help="seconds per launch")
+    p.add_argument("--strace", action="store_true",
+                   help="run every rank under `strace -c -f` and report its system calls "
+                        "(slows everything: for where the time goes, not for timings)")
     p.add_argument("--json")
     p.add_argument("--md", help="append the tables to this markdown file")
     p.add_argument("--rank-mode", choices=("tfring-core", "tfring-tf", "mpich", "gloo"),
@@ -427,8 +494,11 @@ def main():
     for rate in args.rates.split(","):
         for layout in args.layouts.split(","):
             print(f"{rate} {layout} (load {load()})", file=sys.stderr, flush=True)
-            cells.append(run_layout(rate, layout, libs, args.rounds, args.timeout, args.sizes))
+            cells.append(run_layout(rate, layout, libs, args.rounds, args.timeout, args.sizes,
+                                    args.strace))
             print(table(cells[-1:], libs), flush=True)
+            if args.strace:
+                print(strace_table(cells[-1], libs), flush=True)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"started": started, "argv": sys.argv, "cells": cells}, f, indent=1)
