@@ -53,7 +53,7 @@ import transport  # noqa: E402
 SIZES = transport.SIZES
 LIBS = ("tcp", "tcp-tf", "tcp-hier", "mpi", "mpich", "gloo")
 LIB_NAMES = {"tcp": "tfring --tcp", "tcp-tf": "tfring --tcp, TF op", "tcp-hier":
-             "tfring --tcp hier.", "mpi": "tfring --mpi",
+             "tfring --tcp hier.", "mpi": "tfring --mpi", "tcp-tf-base": "baseline: TF op",
              "mpich": "MPICH (mpi4py)", "gloo": "Gloo (torch)"}
 RATE_GBIT = {"1gbit": 1.0, "2500mbit": 2.5, "5gbit": 5.0, "unlimited": None}
 
@@ -259,6 +259,8 @@ class Bench:
                     total += int(f.read())
         return total // 2  # every byte crossing hosts is sent on one veth and received on another
 
+    baseline_library = None
+
     def tfring(self, controller, mode="tfring-core", extra_env=()):
         out = self._out(controller)
         cmd = [sys.executable, "-m", "tfring.runner.launch", "-np", str(self.np), f"--{controller}",
@@ -314,6 +316,8 @@ class Bench:
             data = self.tfring("tcp")
         elif lib == "tcp-tf":
             data = self.tfring("tcp", "tfring-tf")
+        elif lib == "tcp-tf-base":
+            data = self.tfring("tcp", "tfring-tf", {"TFRING_LIBRARY": self.baseline_library})
         elif lib == "tcp-hier":
             data = self.tfring("tcp", extra_env={"TFRING_HIERARCHICAL_ALLREDUCE": "1"})
         elif lib == "mpi":
@@ -325,6 +329,34 @@ class Bench:
         data["link_bytes"] = self.link_bytes() - b0
         data["wall_s"] = time.time() - t0
         return data
+
+
+_PONG = ("import socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)"
+         "\ns.bind((sys.argv[1],int(sys.argv[2])));s.listen();c,_=s.accept()\n"
+         "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1);b=bytearray(4096)\n"
+         "while True:\n n=0\n while n<4096:\n  k=c.recv_into(memoryview(b)[n:])\n"
+         "  if not k: sys.exit()\n  n+=k\n c.sendall(b)\n")
+_PING = ("import socket,sys,time,statistics\nc=socket.create_connection((sys.argv[1],int(sys.argv[2])))"
+         "\nc.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1);b=bytearray(4096);ts=[]\n"
+         "for i in range(2000):\n t=time.perf_counter();c.sendall(b);n=0\n"
+         " while n<4096: n+=c.recv_into(memoryview(b)[n:])\n ts.append(time.perf_counter()-t)\n"
+         "print(statistics.median(ts[100:]))\n")
+
+
+def raw_latency(hosts, a, b, port=5401):
+    """Half the median round trip of a 4 KB TCP ping-pong from fake host `a`
+    to `b` (Python sockets, blocking): one hop's cost without a library."""
+    server = subprocess.Popen(hosts.command(b, [sys.executable, "-c", _PONG, hosts.address(b),
+                                                str(port)]))
+    try:
+        time.sleep(0.5)
+        out = subprocess.run(hosts.command(a, [sys.executable, "-c", _PING, hosts.address(b),
+                                               str(port)]),
+                             capture_output=True, text=True, timeout=60)
+        return float(out.stdout.strip()) / 2
+    finally:
+        server.kill()
+        server.wait()
 
 
 def raw_stream(hosts, names):
@@ -353,7 +385,7 @@ def strace_summary(directory, lib_key, ranks):
     return dict(sorted(calls.items(), key=lambda kv: -kv[1]))
 
 
-STRACE_KEYS = {"tcp": "tfring-core-tcp", "tcp-tf": "tfring-tf-tcp", "tcp-hier": "tfring-core-tcp",
+STRACE_KEYS = {"tcp": "tfring-core-tcp", "tcp-tf": "tfring-tf-tcp", "tcp-tf-base": "tfring-tf-tcp", "tcp-hier": "tfring-core-tcp",
                "mpi": "tfring-core-mpi", "mpich": "mpich", "gloo": "gloo"}
 
 
@@ -384,6 +416,7 @@ def run_layout(rate, layout, libs, rounds, timeout, sizes, strace=False):
                     cell["errors"].setdefault(lib, []).append(str(e))
                     print(f"  {layout} {rate} {lib}: {str(e)[:300]}", file=sys.stderr)
         raws.append(raw_stream(hosts, names))
+        cell["raw_4k_one_way_s"] = raw_latency(hosts, names[0], names[1])
     cell["raw_stream_Bps"] = max(r[0] for r in raws)
     cell["raw_before_after_Bps"] = [r[0] for r in raws]
     cell["raw_tool"] = raws[0][1]
@@ -413,8 +446,9 @@ def table(cells, libs):
     for cell in cells:
         raw = cell["raw_stream_Bps"]
         lines.append(f"\n### {cell['rate']}, {cell['layout']} (np={cell['np']}); raw one-way "
-                     f"stream {raw * 8 / 1e9:.3f} Gbit/s; load {cell['load_before']} -> "
-                     f"{cell['load_after']}\n")
+                     f"stream {raw * 8 / 1e9:.3f} Gbit/s, 4 KB one way (half a ping-pong) "
+                     f"{bc.human_time(cell.get('raw_4k_one_way_s'))}; load {cell['load_before']} "
+                     f"-> {cell['load_after']}\n")
         lines.append("| library | 4 KB latency | 1 MB busbw (Gbit/s, % of raw) | 64 MB busbw "
                      "(Gbit/s, % of raw) | CPU/call 4 KB, 1 MB, 64 MB (ms) | link GB per run |")
         lines.append("|---|---|---|---|---|---|")
@@ -472,6 +506,9 @@ def main():
     p.add_argument("--strace", action="store_true",
                    help="run every rank under `strace -c -f` and report its system calls "
                         "(slows everything: for where the time goes, not for timings)")
+    p.add_argument("--baseline-library", metavar="SO",
+                   help="adds a row tcp-tf-base: the TF op with TFRING_LIBRARY=SO (another "
+                        "build, e.g. main's), for before/after in the same run")
     p.add_argument("--json")
     p.add_argument("--md", help="append the tables to this markdown file")
     p.add_argument("--rank-mode", choices=("tfring-core", "tfring-tf", "mpich", "gloo"),
@@ -489,6 +526,9 @@ def main():
     # SIGTERM unwinds like Ctrl-C, through every FakeHosts' clean-up.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     libs = [lib for lib in args.libs.split(",") if lib]
+    if args.baseline_library:
+        Bench.baseline_library = os.path.abspath(args.baseline_library)
+        libs.append("tcp-tf-base")
     cells = []
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for rate in args.rates.split(","):
