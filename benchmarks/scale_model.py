@@ -29,6 +29,11 @@ median times (one rank per host) and prints the ratio.
 import argparse
 import json
 import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import human_time as fmt  # noqa: E402
 
 LINKS_GBIT = (10, 25, 100)
 RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -60,14 +65,6 @@ def tree(p, n, a, b, fixed):
 
 def rabenseifner(p, n, a, b, fixed):
     return fixed + 2 * math.ceil(math.log2(p)) * a + 2 * (p - 1) / p * n * b
-
-
-def fmt(seconds):
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds:.2f} s"
 
 
 def tables(args):
