@@ -445,9 +445,10 @@ def table(cells, libs):
     lines = []
     for cell in cells:
         raw = cell["raw_stream_Bps"]
+        hop = cell.get("raw_4k_one_way_s")
+        hop = f", 4 KB one way (half a ping-pong) {bc.human_time(hop)}" if hop else ""
         lines.append(f"\n### {cell['rate']}, {cell['layout']} (np={cell['np']}); raw one-way "
-                     f"stream {raw * 8 / 1e9:.3f} Gbit/s, 4 KB one way (half a ping-pong) "
-                     f"{bc.human_time(cell.get('raw_4k_one_way_s'))}; load {cell['load_before']} "
+                     f"stream {raw * 8 / 1e9:.3f} Gbit/s{hop}; load {cell['load_before']} "
                      f"-> {cell['load_after']}\n")
         lines.append("| library | 4 KB latency | 1 MB busbw (Gbit/s, % of raw) | 64 MB busbw "
                      "(Gbit/s, % of raw) | CPU/call 4 KB, 1 MB, 64 MB (ms) | link GB per run |")
