@@ -23,10 +23,11 @@ HxR is H fake hosts with R ranks each. On the same hosts, one after the other
             only; torch is no dependency of tfring).
 Every library runs the same loop on buffers it keeps (in place, as DDP and
 Horovod reduce gradients): each call lined up by a tiny allreduce, the
-slowest rank's median, the process CPU per call. Rows: 4 KB latency, 1 MB and 64 MB busbw (nccl-tests:
-bytes / time * 2(n-1)/n) as a fraction of the ceiling, one raw one-way TCP
-stream between two of the hosts over the same shaped link, measured in the
-same run before and after the libraries (the higher kept). Also recorded:
+slowest rank's median, the process CPU per call. Rows: 4 KB latency, 1 MB
+and 64 MB busbw (nccl-tests: bytes / time * 2(n-1)/n) as a fraction of the
+ceiling, one raw one-way TCP stream between two of the hosts over the same
+shaped link, measured in the same run before and after the libraries (the
+higher kept), beside half a 4 KB TCP ping-pong (one hop's latency). Also recorded:
 the bytes each run put on the hosts' links (their veth counters), so that
 hierarchical and flat can be compared by link traffic.
 
@@ -250,15 +251,6 @@ class Bench:
             os.unlink(path)
         return path
 
-    def link_bytes(self):
-        total = 0
-        for n in self.names:
-            veth = self.hosts._veth[n] + "h"  # root-side end: counts both directions
-            for d in ("tx", "rx"):
-                with open(f"/sys/class/net/{veth}/statistics/{d}_bytes") as f:
-                    total += int(f.read())
-        return total // 2  # every byte crossing hosts is sent on one veth and received on another
-
     baseline_library = None
 
     def tfring(self, controller, mode="tfring-core", extra_env=()):
@@ -311,7 +303,7 @@ class Bench:
             return json.load(f)
 
     def measure(self, lib):
-        t0, b0 = time.time(), self.link_bytes()
+        t0, b0 = time.time(), self.hosts.link_bytes()
         if lib == "tcp":
             data = self.tfring("tcp")
         elif lib == "tcp-tf":
@@ -326,21 +318,44 @@ class Bench:
             data = self.mpich()
         else:
             data = self.gloo()
-        data["link_bytes"] = self.link_bytes() - b0
+        data["link_bytes"] = self.hosts.link_bytes() - b0
         data["wall_s"] = time.time() - t0
         return data
 
 
-_PONG = ("import socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)"
-         "\ns.bind((sys.argv[1],int(sys.argv[2])));s.listen();c,_=s.accept()\n"
-         "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1);b=bytearray(4096)\n"
-         "while True:\n n=0\n while n<4096:\n  k=c.recv_into(memoryview(b)[n:])\n"
-         "  if not k: sys.exit()\n  n+=k\n c.sendall(b)\n")
-_PING = ("import socket,sys,time,statistics\nc=socket.create_connection((sys.argv[1],int(sys.argv[2])))"
-         "\nc.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1);b=bytearray(4096);ts=[]\n"
-         "for i in range(2000):\n t=time.perf_counter();c.sendall(b);n=0\n"
-         " while n<4096: n+=c.recv_into(memoryview(b)[n:])\n ts.append(time.perf_counter()-t)\n"
-         "print(statistics.median(ts[100:]))\n")
+_PONG = """\
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen()
+c, _ = s.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+b = bytearray(4096)
+while True:
+    n = 0
+    while n < 4096:
+        k = c.recv_into(memoryview(b)[n:])
+        if not k:
+            sys.exit()
+        n += k
+    c.sendall(b)
+"""
+_PING = """\
+import socket, statistics, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+b = bytearray(4096)
+ts = []
+for i in range(2000):
+    t = time.perf_counter()
+    c.sendall(b)
+    n = 0
+    while n < 4096:
+        n += c.recv_into(memoryview(b)[n:])
+    ts.append(time.perf_counter() - t)
+print(statistics.median(ts[100:]))
+"""
 
 
 def raw_latency(hosts, a, b, port=5401):
@@ -385,8 +400,9 @@ def strace_summary(directory, lib_key, ranks):
     return dict(sorted(calls.items(), key=lambda kv: -kv[1]))
 
 
-STRACE_KEYS = {"tcp": "tfring-core-tcp", "tcp-tf": "tfring-tf-tcp", "tcp-tf-base": "tfring-tf-tcp", "tcp-hier": "tfring-core-tcp",
-               "mpi": "tfring-core-mpi", "mpich": "mpich", "gloo": "gloo"}
+STRACE_KEYS = {"tcp": "tfring-core-tcp", "tcp-tf": "tfring-tf-tcp", "tcp-tf-base": "tfring-tf-tcp",
+               "tcp-hier": "tfring-core-tcp", "mpi": "tfring-core-mpi", "mpich": "mpich",
+               "gloo": "gloo"}
 
 
 def run_layout(rate, layout, libs, rounds, timeout, sizes, strace=False):

@@ -126,6 +126,17 @@ class FakeHosts:
             _tc("qdisc", "show", "dev", veth + "n", netns=ns).stdout
         return re.findall(r"qdisc tbf .*?rate (\S+)", shown)
 
+    def link_bytes(self):
+        """Bytes that have crossed between the fake hosts (and the bridge)
+        so far: each is counted leaving one host's veth and entering
+        another's, hence the half."""
+        total = 0
+        for name in self.names:
+            for way in ("tx", "rx"):
+                with open(f"/sys/class/net/{self._veth[name]}h/statistics/{way}_bytes") as f:
+                    total += int(f.read())
+        return total // 2
+
     def command(self, name, argv):
         """`argv` run inside fake host `name`, under its host name."""
         script = 'hostname "$0" && exec "$@"'
