@@ -510,6 +510,10 @@ def cell_sizes(cell):
     return list(SIZES)
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -541,7 +545,7 @@ def main():
     if args.quick:
         args.rates, args.layouts, args.rounds = "1gbit", "2x1", 1
     # SIGTERM unwinds like Ctrl-C, through every FakeHosts' clean-up.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupted)
     libs = [lib for lib in args.libs.split(",") if lib]
     if args.baseline_library:
         Bench.baseline_library = os.path.abspath(args.baseline_library)
@@ -569,4 +573,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit("cross_host.py: interrupted; fake hosts and their processes removed")
