@@ -15,6 +15,7 @@ exit, processes inside the namespaces included. Needs root and ``ip``;
 """
 import itertools
 import os
+import re
 import shutil
 import signal
 import stat
@@ -27,6 +28,11 @@ _counter = itertools.count()
 
 def _ip(*args, netns=None, check=True):
     cmd = ["ip", *(("netns", "exec", netns, "ip") if netns else ()), *args]
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=30)
+
+
+def _tc(*args, netns=None, check=True):
+    cmd = [*(("ip", "netns", "exec", netns) if netns else ()), "tc", *args]
     return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=30)
 
 
@@ -98,6 +104,38 @@ class FakeHosts:
         """Takes `name` off the network: its link goes down, its processes
         live on (nothing closes their sockets)."""
         _ip("link", "set", self._veth[name] + "h", "down")
+
+    def shape(self, rate, burst="512kb"):
+        """Limits every fake host's link to `rate` (a tc rate: "1gbit",
+        "2500mbit") in each direction, as a NIC of that speed would: a token
+        bucket (tbf) on both ends of its veth, the host side shaping what
+        reaches the host and the namespace side what leaves it. The qdiscs
+        go with the veths on exit. (netem, for added latency, is not in
+        every kernel; tbf is.)"""
+        tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", "100ms"]
+        for name in self.names:
+            ns, veth = self._ns[name], self._veth[name]
+            _tc("qdisc", "replace", "dev", veth + "h", *tbf)
+            _tc("qdisc", "replace", "dev", veth + "n", *tbf, netns=ns)
+
+    def shaping(self, name):
+        """The tbf rates on fake host `name`'s two veth ends as `tc` prints
+        them (["1Gbit", "1Gbit"]); [] when unshaped."""
+        ns, veth = self._ns[name], self._veth[name]
+        shown = _tc("qdisc", "show", "dev", veth + "h").stdout + \
+            _tc("qdisc", "show", "dev", veth + "n", netns=ns).stdout
+        return re.findall(r"qdisc tbf .*?rate (\S+)", shown)
+
+    def link_bytes(self):
+        """Bytes that have crossed between the fake hosts (and the bridge)
+        so far: each is counted leaving one host's veth and entering
+        another's, hence the half."""
+        total = 0
+        for name in self.names:
+            for way in ("tx", "rx"):
+                with open(f"/sys/class/net/{self._veth[name]}h/statistics/{way}_bytes") as f:
+                    total += int(f.read())
+        return total // 2
 
     def command(self, name, argv):
         """`argv` run inside fake host `name`, under its host name."""

@@ -29,7 +29,10 @@
 // peer that dies ends the collective with an error instead of a hang.
 #include "ring_data_plane.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -103,6 +106,29 @@ void SplitEven(int64_t elems, int64_t esize, int64_t nseg, std::vector<Piece>* o
 // Splits `elems` into pieces of at most `piece_bytes` (no pieces when empty).
 void SplitBySize(int64_t elems, int64_t esize, int64_t piece_bytes, std::vector<Piece>* out) {
   SplitEven(elems, esize, CeilDiv(elems * esize, piece_bytes), out);
+}
+
+// A result the framework has just allocated is faulted in page by page as
+// the ring first writes it: TensorFlow's CPU allocator takes a 64 MB output
+// straight from mmap and gives it back after the step, so every call pays
+// 16384 faults of 4 KiB pages. On the 2-core development VM that first touch
+// cost 151 ms of CPU per 64 MB (29.5 ms with 2 MiB pages), more than the TCP
+// copies of the data, and across hosts it was what kept a TF allreduce off
+// the link where the CPUs bind (benchmarks/RESULTS_CROSS_HOST.md). Asking
+// for transparent huge pages on the output's 2 MiB-aligned interior makes
+// that 32 faults where the kernel allows THP on request (its common
+// "madvise" setting); on memory already touched the advice only takes effect
+// if khugepaged later collapses it, and where THP is off it does nothing.
+constexpr int64_t kHugePageAdviceMinBytes = 8 << 20;
+constexpr uintptr_t kHugePage = 2u << 20;
+
+void AdviseHugePages(void* data, int64_t bytes) {
+  if (bytes < kHugePageAdviceMinBytes) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + uintptr_t(bytes)) & ~(kHugePage - 1);
+  // Advice only: memory that cannot take it (not anonymous, THP off) is
+  // used as it is.
+  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
 Status CheckReduceOp(ReduceOp op, const char* what) {
@@ -296,6 +322,7 @@ Status RingDataPlane::Allreduce(const void* input, void* output, int64_t count, 
     if (buf != in) std::memcpy(buf, in, count * esize);
     return Status::OK();
   }
+  if (buf != in) AdviseHugePages(buf, count * esize);
 
   // Blocks of count/n elements (the first count % n one more); with fewer
   // elements than ranks some blocks are empty and their pieces are empty
@@ -365,6 +392,7 @@ Status RingDataPlane::Allgather(const void* send, void* recv,
     off[b] = total;
     total += recv_bytes[b];
   }
+  if (n > 1) AdviseHugePages(out, total);
   if (recv_bytes[r] > 0 && out + off[r] != send) std::memmove(out + off[r], send, recv_bytes[r]);
   if (n == 1 || total == 0) return Status::OK();
 
