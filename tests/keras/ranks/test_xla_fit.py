@@ -72,24 +72,3 @@ def test_default_compile_on_a_gpu_machine_keeps_xla(rank, size, gpu_like_auto, c
     assert model.jit_compile is True
     assert_trained_like_reference(*model.get_weights(), size)
     assert not [r for r in caplog.records if "without XLA" in r.getMessage()]
-
-
-def test_custom_jit_step_with_distributed_optimizer(rank, size):
-    """A tf.function(jit_compile=True) step that applies a DistributedOptimizer
-    (Keras's apply_gradients, reduced inside XLA) trains like the reference."""
-    model = linear_model(rank)
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR))
-    hvd_tf.broadcast_variables(model.variables, root_rank=0)
-    xs, ys = local_data(rank, size)
-
-    @tf.function(jit_compile=True)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x) - y) ** 2)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-
-    for s in range(len(xs) // BATCH):
-        step(tf.constant(xs[s * BATCH:(s + 1) * BATCH]), tf.constant(ys[s * BATCH:(s + 1) * BATCH]))
-    assert_trained_like_reference(*model.get_weights(), size)
-
