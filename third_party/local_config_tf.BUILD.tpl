@@ -26,6 +26,19 @@ cc_library(
     ],
 )
 
+# What tf_ops/tensorflow/xla/ needs beyond :tensorflow (tfring/build/library.py
+# xla_options is the setup.py side): libtensorflow_cc.so.2, and the two hash
+# libraries whose headers XLA's headers include from the wheel's external/.
+cc_library(
+    name = "tensorflow_xla",
+    srcs = %{TF_XLA_SRCS},
+    includes = [
+        "tf/include/external/farmhash_archive/src",
+        "tf/include/external/highwayhash",
+    ],
+    deps = [":tf_headers"],
+)
+
 cc_library(
     name = "pybind11",
     hdrs = glob(["pybind11/include/**/*.h"]),

@@ -8,6 +8,9 @@ writes a BUILD file with one cc_library per dependency:
   @local_config_tf//:tf_headers              TF headers (+ Eigen, absl, protobuf, ...)
   @local_config_tf//:libtensorflow_framework libtensorflow_framework.so.2
   @local_config_tf//:tensorflow              both of the above
+  @local_config_tf//:tensorflow_xla          libtensorflow_cc.so.2 (TF2XLA, XLA's builder
+                                             and FFI) and the hash headers XLA's include,
+                                             for tf_ops/tensorflow/xla/ (empty without it)
   @local_config_tf//:pybind11                pybind11 headers
   @local_config_tf//:python_headers          Python.h (no libpython: extension module)
   @local_config_tf//:mpi                     mpi.h + -l:libmpi.so.12 (the `mpich` wheel)
@@ -166,6 +169,13 @@ def _tf_configure_impl(rctx):
     # declare the real headers and Bazel tracks them as inputs.
     rctx.symlink(tf_include, "tf/include")
     rctx.symlink(tf_lib, "tf/lib/" + tf_lib_name)
+    # The XLA lowering's library; a wheel without it builds no XLA kernels
+    # (tf_ops/tensorflow/xla/xla_support.h), as setup.py does.
+    tf_xla_lib = tf_lib_dir + "/libtensorflow_cc.so.2"
+    tf_xla_srcs = "[]"
+    if rctx.path(tf_xla_lib).exists:
+        rctx.symlink(tf_xla_lib, "tf/lib/libtensorflow_cc.so.2")
+        tf_xla_srcs = '["tf/lib/libtensorflow_cc.so.2"]'
     rctx.symlink(pybind11_include, "pybind11/include")
     rctx.symlink(python_include, "python/include")
     for header in rctx.path(mpi_include).readdir():
@@ -177,6 +187,7 @@ def _tf_configure_impl(rctx):
         rctx.attr._build_tpl,
         substitutions = {
             "%{TF_LIB}": "tf/lib/" + tf_lib_name,
+            "%{TF_XLA_SRCS}": tf_xla_srcs,
             "%{MPI_LIB}": mpi_lib_name,
             "%{MPI_LIB_DIR}": mpi_lib_dir,
         },

@@ -55,18 +55,26 @@ def test_core_rank_suite_on_the_gpu_build(gpu_env):
 
 
 @pytest.mark.needs_tool("g++")
-@pytest.mark.parametrize("source", ["kernels.cc", "tf_device.cc"])
+@pytest.mark.parametrize("source", ["kernels.cc", "tf_device.cc", "xla/custom_call.cc"])
 def test_tf_gpu_kernels_compile(source):
     """The TensorFlow kernels' GPU half (DEVICE_GPU registrations, TF's
-    stream and device ordinal, ready events) compiles against the installed
-    TensorFlow's headers. It runs only where TensorFlow sees a GPU (the
-    `tf_gpu` suites); here it must at least compile."""
+    stream and device ordinal, ready events) and the XLA custom call's CUDA
+    handler (XLA's stream, the ready event recorded there) compile against
+    the installed TensorFlow's headers. They run only where TensorFlow sees
+    a GPU (the `tf_gpu` suites); here they must at least compile."""
     tf = pytest.importorskip("tensorflow")
-    cmd = (["g++", "-std=c++17", "-fsyntax-only", "-w", "-DTFRING_WITH_NCCL"]
-           + list(tf.sysconfig.get_compile_flags())
-           + [os.path.join(ROOT, "tf_ops", "tensorflow", source)])
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    from tfring.build import library
+    flags = (["-std=c++17", "-w", "-DTFRING_WITH_NCCL"] + list(tf.sysconfig.get_compile_flags())
+             + [f"-I{d}" for d in library.xla_options(tf).include_dirs])
+    path = os.path.join(ROOT, "tf_ops", "tensorflow", source)
+    result = subprocess.run(["g++", "-fsyntax-only", *flags, path], capture_output=True,
+                            text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-5000:]
+    if source.startswith("xla/"):
+        # The CUDA handler is there, not left out by the preprocessor.
+        expanded = subprocess.run(["g++", "-E", *flags, path], capture_output=True, text=True,
+                                  timeout=600)
+        assert expanded.returncode == 0 and "CudaEntry" in expanded.stdout, expanded.stderr[-2000:]
 
 
 def test_kernel_compiler_choice(monkeypatch):

@@ -280,6 +280,24 @@ def test_setup_and_bazel_compile_the_same_core():
     assert "common/operations.cc" in setup_core and "common/mpi/mpi_init.cc" in bazel_mpi
 
 
+def test_setup_and_bazel_compile_the_same_tf_kernels():
+    # tf_ops/BUILD's :tf_kernels globs tensorflow/**/*.cc (the kernels and
+    # their XLA lowering in tensorflow/xla/); setup.py takes every .cc under
+    # tf_ops/tensorflow. Both must pick the same files.
+    with open(os.path.join(ROOT, "tf_ops", "BUILD")) as f:
+        build = f.read()
+    srcs = re.search(r'name = "tf_kernels",.*?srcs = glob\(\[(.*?)\]', build, re.S).group(1)
+    patterns = [p for p in re.findall(r'"([^"]+)"', srcs) if p.endswith(".cc")]
+    kernels = os.path.join(ROOT, "tf_ops", "tensorflow")
+    on_disk = [os.path.relpath(os.path.join(d, n), os.path.join(ROOT, "tf_ops"))
+               for d, _, names in os.walk(kernels) for n in names if n.endswith(".cc")]
+    bazel = {f for f in on_disk if any(_bazel_glob_matches(f, p) for p in patterns)}
+    setup = {f[len("tf_ops/"):] for f in library.translation_units(ROOT)
+             if f.startswith(os.path.join("tf_ops", "tensorflow", ""))}
+    assert bazel == setup
+    assert {"tensorflow/kernels.cc", "tensorflow/xla/custom_call.cc"} <= setup
+
+
 def test_bazel_and_unit_tests_list_the_same_test_programs():
     # tfring.build.unit_tests is the one list of the C++ test programs and
     # what they link; Bazel's BUILD makes one cc_test per top-level

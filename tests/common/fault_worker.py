@@ -93,12 +93,32 @@ def say_failure(kind, error):
         ",".join(types))
 
 
+def _dead_rank_collective():
+    """The collective the survivors wait in: an eager allreduce, or with
+    FAULT_XLA=1 the same inside a step compiled with XLA (compiled here, on
+    every rank, before anyone dies; its errors typed as the eager call's
+    are, from the payload the compiled step carries)."""
+    if os.environ.get("FAULT_XLA") != "1":
+        return lambda x, name: hvd.allreduce(x, name=name)
+    from tfring.common import tf_errors
+    step = tf.function(lambda x: hvd.allreduce(x, name="never_completes"), jit_compile=True)
+    step(tf.ones([8]))
+
+    def compiled(x, name):  # one compiled step: its collective keeps its name
+        try:
+            return step(x)
+        except tf.errors.OpError as e:
+            raise tf_errors.typed(e) from None
+    return compiled
+
+
 def dead_rank():
     """ARGS: HOW VICTIM. The victim dies (kill: SIGKILL, exit: os._exit(3),
     raise: an uncaught ValueError) while the other ranks wait in a collective
     it never submits; they report how long it took them to hear of it."""
     how, victim = ARGS[0], int(ARGS[1])
     start()
+    collective = _dead_rank_collective()
     survivors = [r for r in range(hvd.size()) if r != victim]
     if hvd.rank() == victim:
         # Dies once every survivor is about to submit (a survivor that
@@ -113,7 +133,7 @@ def dead_rank():
         raise ValueError("the victim gave up")
     _write(f"waiting.{hvd.rank()}", "1")
     try:
-        hvd.allreduce(tf.ones([8]), name="never_completes")
+        collective(tf.ones([8]), "never_completes")
     except tf.errors.AbortedError as e:
         took = time.time() - float(open(os.path.join(DIR, "death_time")).read())
         say("DETECTED", f"{took:.3f}", one_line(e.message))
@@ -124,7 +144,7 @@ def dead_rank():
     # A later collective fails the same way, at once.
     begin = time.time()
     try:
-        hvd.allreduce(tf.ones([1]), name="later")
+        collective(tf.ones([8]), "later")
     except tf.errors.AbortedError as e:
         say("LATER", f"{time.time() - begin:.3f}", one_line(e.message))
         say_failure("LATER", e)

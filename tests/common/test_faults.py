@@ -37,6 +37,7 @@ _NEUTRAL_ENV = {f"{prefix}_{name}": "" for prefix in ("TFRING", "HOROVOD") for n
     "STALL_CHECK_TIME_SECONDS", "STALL_SHUTDOWN_TIME_SECONDS", "STALL_CHECK_DISABLE",
     "LOG_LEVEL", "LOG_TIMESTAMPS")}
 _NEUTRAL_ENV["FAULT_NO_WAIT"] = ""
+_NEUTRAL_ENV["FAULT_XLA"] = ""
 
 # name -> (np, scenario, args, env). Dead-rank args: how the victim dies, victim.
 JOBS = {
@@ -47,6 +48,9 @@ JOBS = {
     # worker wait, or it is the coordinator itself.
     "kill-np3-rank2": (3, "dead_rank", ["kill", "2"], {}),
     "kill-np3-rank0": (3, "dead_rank", ["kill", "0"], {}),
+    # The survivors wait inside a step compiled with XLA (issue 24).
+    "kill-np2-xla": (2, "dead_rank", ["kill", "1"], {"FAULT_XLA": "1"}),
+    "kill-np3-rank2-xla": (3, "dead_rank", ["kill", "2"], {"FAULT_XLA": "1"}),
     # As kill-np3-rank2, but each survivor exits as soon as it has the news.
     "kill-np3-rank2-no-wait": (3, "dead_rank", ["kill", "2"], {"FAULT_NO_WAIT": "1"}),
     # Stalls: rank 0 waits on 'stalled_tensor'; rank 1 submits it after ARG s.
@@ -72,11 +76,11 @@ _STOPPED = {"ctrl-c": ("looping", signal.SIGINT),
             "sigterm-stall-np3": ("shm", signal.SIGTERM),
             "sigterm-stall-np3-shell": ("shm", signal.SIGTERM)}
 # Longest first, so that the pool finishes sooner.
-_START_ORDER = ["kill-np3-rank2", "kill-np3-rank0", "kill-np3-rank2-no-wait",
+_START_ORDER = ["kill-np3-rank2", "kill-np3-rank0", "kill-np3-rank2-no-wait", "kill-np3-rank2-xla",
                 "sigterm-stall-np3", "sigterm-stall-np3-shell",
                 "stall-shutdown-only", "stall-warning",
                 "stall-disabled", "stall-shutdown", "ctrl-c", "shutdown-pending", "kill-np2",
-                "exit-np2", "raise-np2", "log-debug"]
+                "exit-np2", "raise-np2", "kill-np2-xla", "log-debug"]
 assert sorted(_START_ORDER) == sorted(JOBS)
 
 _RESULT = re.compile(r"^RESULT (\d+) (\w+) ?(.*)$")
@@ -247,7 +251,8 @@ def check_no_process_left(job):
 
 # -- a rank dies ---------------------------------------------------------------
 
-DEAD = ["kill-np2", "exit-np2", "raise-np2", "kill-np3-rank2", "kill-np3-rank0"]
+DEAD = ["kill-np2", "exit-np2", "raise-np2", "kill-np3-rank2", "kill-np3-rank0", "kill-np2-xla",
+        "kill-np3-rank2-xla"]
 # How each death is reported by tfringrun, and its exit code.
 _DEATH_REPORT = {"kill": ("was killed by signal 9 (SIGKILL)", 137),
                  "exit": ("exited with code 3", 3),

@@ -84,6 +84,10 @@ int64_t NumElements(const TensorShape& shape) {
   return n;
 }
 
+int64_t ScatterRows(int64_t rows, int size, int rank) {
+  return rows / size + (rank < rows % size ? 1 : 0);
+}
+
 std::string ShapeString(const TensorShape& shape) {
   std::ostringstream os;
   os << "[";

@@ -66,6 +66,9 @@ const char* ReduceOpName(ReduceOp op);
 const char* CollectiveName(CollectiveType type);
 int64_t NumElements(const TensorShape& shape);
 std::string ShapeString(const TensorShape& shape);
+// The rows of a `rows`-row tensor that a reducescatter leaves on set rank
+// `rank` of `size`: equal blocks, the first rows % size ranks one row more.
+int64_t ScatterRows(int64_t rows, int size, int rank);
 
 }  // namespace tfring
 

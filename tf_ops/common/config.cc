@@ -68,6 +68,7 @@ Config Config::FromEnvironment() {
   if (const char* v = GetConfigEnv("CROSS_HOST_MIN_BYTES")) c.cross_host_min_bytes = std::atoll(v);
   if (const char* v = GetConfigEnv("HIERARCHICAL_ALLREDUCE")) c.hierarchical_allreduce = ParseBool(v);
   if (const char* v = GetConfigEnv("AUTOTUNE")) c.autotune = ParseBool(v);
+  if (const char* v = GetConfigEnv("XLA")) c.xla = ParseBool(v);
   if (const char* v = GetConfigEnv("AUTOTUNE_LOG")) c.autotune_log = v;
   if (const char* v = GetConfigEnv("AUTOTUNE_WARMUP_SAMPLES")) c.autotune_warmup_samples = std::atoi(v);
   if (const char* v = GetConfigEnv("AUTOTUNE_STEPS_PER_SAMPLE"))

@@ -42,6 +42,10 @@ struct Config {
   bool hierarchical_allreduce = false;
   // Autotune (see parameter_manager.h).
   bool autotune = false;
+  // TFRING_XLA (alias HOROVOD_XLA): 0 keeps Keras from compiling the train
+  // step of a model with a DistributedOptimizer with XLA (tfring/keras/xla.py);
+  // the collectives' XLA kernels stay registered for explicit jit_compile.
+  bool xla = true;
   std::string autotune_log;
   int autotune_warmup_samples = 3;
   int autotune_steps_per_sample = 10;

@@ -291,10 +291,9 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
   const int n = ps.size();
   const int64_t rows = e.shape[0], row_elems = RowElements(e.shape);
   std::vector<int64_t> counts(n);
-  for (int i = 0; i < n; ++i) counts[i] = (rows / n + (i < rows % n ? 1 : 0)) * row_elems;
+  for (int i = 0; i < n; ++i) counts[i] = ScatterRows(rows, n, i) * row_elems;
   TensorShape out_shape = e.shape;
-  out_shape[0] = counts[ps.rank] / std::max<int64_t>(row_elems, 1);
-  if (row_elems == 0) out_shape[0] = rows / n + (ps.rank < rows % n ? 1 : 0);
+  out_shape[0] = ScatterRows(rows, n, ps.rank);
 
   DataPlane* plane = nullptr;
   Executor* executor = nullptr;

@@ -72,7 +72,8 @@ bool Request::operator==(const Request& o) const {
          name == o.name && root_rank == o.root_rank && reduce_op == o.reduce_op &&
          prescale_factor == o.prescale_factor && postscale_factor == o.postscale_factor &&
          shape == o.shape && splits == o.splits && group_name == o.group_name &&
-         group_size == o.group_size && group_index == o.group_index && device == o.device;
+         group_size == o.group_size && group_index == o.group_index && device == o.device &&
+         same_rows == o.same_rows;
 }
 
 bool Response::operator==(const Response& o) const {
@@ -106,6 +107,7 @@ std::string SerializeRequestList(const RequestList& list) {
     w.Pod(r.group_size);
     w.Pod(r.group_index);
     w.Pod(r.device);
+    w.Pod<uint8_t>(r.same_rows);
   }
   return w.Take();
 }
@@ -126,13 +128,15 @@ Status ParseRequestList(const std::string& bytes, RequestList* list) {
   for (uint64_t i = 0; i < n; ++i) {
     Request r;
     int32_t type, dtype, op;
+    uint8_t same_rows = 0;
     if (!rd.Pod(&r.request_rank) || !rd.Pod(&type) || !rd.Pod(&dtype) || !rd.Str(&r.name) ||
         !rd.Pod(&r.root_rank) || !rd.Pod(&op) || !rd.Pod(&r.prescale_factor) ||
         !rd.Pod(&r.postscale_factor) || !rd.Ints(&r.shape) || !rd.Ints(&r.splits) ||
         !rd.Str(&r.group_name) || !rd.Pod(&r.group_size) || !rd.Pod(&r.group_index) ||
-        !rd.Pod(&r.device)) {
+        !rd.Pod(&r.device) || !rd.Pod(&same_rows)) {
       return bad;
     }
+    r.same_rows = same_rows != 0;
     r.type = static_cast<CollectiveType>(type);
     r.dtype = static_cast<DataType>(dtype);
     r.reduce_op = static_cast<ReduceOp>(op);

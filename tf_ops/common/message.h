@@ -32,6 +32,11 @@ struct Request {
   int32_t group_index = 0;
   // Where the tensor lives on the requesting rank (kCpuDevice or a GPU ordinal).
   int32_t device = kCpuDevice;
+  // ALLGATHER, ALLTOALL: the caller fixed its output's size before
+  // negotiation (an XLA-compiled step has static shapes) by assuming every
+  // rank sends as many rows as this one; negotiation fails the collective on
+  // every rank when they do not.
+  bool same_rows = false;
 
   bool operator==(const Request& o) const;
 };

@@ -25,7 +25,8 @@ bool ResponseCache::SameSignature(const Request& a, const Request& b) {
          a.root_rank == b.root_rank && a.reduce_op == b.reduce_op &&
          a.prescale_factor == b.prescale_factor && a.postscale_factor == b.postscale_factor &&
          a.splits == b.splits && a.group_name == b.group_name && a.group_size == b.group_size &&
-         a.group_index == b.group_index && a.device == b.device;
+         a.group_index == b.group_index && a.device == b.device &&
+         a.same_rows == b.same_rows;
 }
 
 bool ResponseCache::Matches(int bit, const Request& req) const {

@@ -189,6 +189,19 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
              " and another " + m.second + detail(shape_of);
     return "";
   };
+  // A caller with static shapes (XLA) sized its output for equal row counts.
+  auto check_same_rows = [&]() -> std::string {
+    bool fixed = false;
+    for (size_t r = 0; r < reqs.size(); ++r) fixed |= p.received[r] && reqs[r].same_rows;
+    if (!fixed) return "";
+    auto rows_of = [](const Request& q) { return std::to_string(q.shape.empty() ? 0 : q.shape[0]); };
+    auto m = mismatch(rows_of);
+    if (m.first.empty()) return "";
+    return std::string("Mismatched ") + tname + " first dimensions for tensor " + quoted +
+           ": inside an XLA-compiled step the output's shape is fixed at compile time, so every "
+           "rank must send the same number of rows, but one rank sent " + m.first +
+           " and another " + m.second + detail(rows_of);
+  };
 
   Response resp;
   resp.type = ResponseType::COLLECTIVE;
@@ -250,12 +263,14 @@ Response Controller::Validate(const std::string& name, const PendingTensor& p) c
     }
     case CollectiveType::ALLGATHER:
       err = check_trailing();
+      if (err.empty()) err = check_same_rows();
       if (err.empty()) {
         for (size_t r = 0; r < reqs.size(); ++r) resp.tensor_sizes.push_back(reqs[r].shape[0]);
       }
       break;
     case CollectiveType::ALLTOALL:
       err = check_trailing();
+      if (err.empty()) err = check_same_rows();
       for (size_t r = 0; err.empty() && r < reqs.size(); ++r) {
         const Request& q = reqs[r];
         std::vector<int64_t> splits = q.splits;

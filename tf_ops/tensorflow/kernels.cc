@@ -7,77 +7,19 @@
 #include <mutex>
 #include <string>
 
-#include "absl/strings/cord.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 
 #include "../common/operations.h"
+#include "convert.h"
 #include "tf_device.h"
 
 namespace tfring {
 namespace {
 
 namespace tf = ::tensorflow;
-
-// The payload that carries a failure's cause and rank to Python, where
-// TensorFlow hands it over as the exception's `experimental_payloads`
-// (tfring/common/status.py reads it back). Its value: "CAUSE RANK".
-constexpr char kFailurePayload[] = "tfring.failure";
-
-tf::Status ToTFStatus(const Status& s) {
-  tf::Status out;
-  switch (s.code()) {
-    case StatusCode::OK: return tf::OkStatus();
-    case StatusCode::PRECONDITION_ERROR: out = tf::errors::FailedPrecondition(s.message()); break;
-    case StatusCode::ABORTED: out = tf::errors::Aborted(s.message()); break;
-    case StatusCode::INVALID_ARGUMENT: out = tf::errors::InvalidArgument(s.message()); break;
-    default: out = tf::errors::Unknown(s.message()); break;
-  }
-  // From a string_view: the Cord constructor TensorFlow's library exports.
-  const std::string value =
-      std::to_string(static_cast<int>(s.cause())) + " " + std::to_string(s.rank());
-  out.SetPayload(kFailurePayload, absl::Cord(absl::string_view(value)));
-  return out;
-}
-
-Status FromTFStatus(const tf::Status& s) {
-  if (s.ok()) return Status::OK();
-  return Status::Unknown(std::string(s.message()));
-}
-
-Status ToCoreType(tf::DataType dt, DataType* out) {
-  switch (dt) {
-    case tf::DT_UINT8: *out = DataType::UINT8; break;
-    case tf::DT_INT8: *out = DataType::INT8; break;
-    case tf::DT_UINT16: *out = DataType::UINT16; break;
-    case tf::DT_INT16: *out = DataType::INT16; break;
-    case tf::DT_INT32: *out = DataType::INT32; break;
-    case tf::DT_INT64: *out = DataType::INT64; break;
-    case tf::DT_HALF: *out = DataType::FLOAT16; break;
-    case tf::DT_BFLOAT16: *out = DataType::BFLOAT16; break;
-    case tf::DT_FLOAT: *out = DataType::FLOAT32; break;
-    case tf::DT_DOUBLE: *out = DataType::FLOAT64; break;
-    case tf::DT_BOOL: *out = DataType::BOOL; break;
-    default:
-      return Status::InvalidArgument("tfring: collectives do not support dtype " +
-                                     tf::DataTypeString(dt));
-  }
-  return Status::OK();
-}
-
-TensorShape ToCoreShape(const tf::TensorShape& s) {
-  TensorShape out;
-  for (int i = 0; i < s.dims(); ++i) out.push_back(s.dim_size(i));
-  return out;
-}
-
-tf::TensorShape ToTFShape(const TensorShape& s) {
-  tf::TensorShape out;
-  for (int64_t d : s) out.AddDim(d);
-  return out;
-}
 
 void* DataOf(const tf::Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
@@ -150,7 +92,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     auto group = std::make_shared<GroupCompletion>(ctx, done, n);
     for (int i = 0; i < n; ++i) {
       TensorTableEntry e;
-      e.name = n > 1 || grouped_ ? key + "_" + std::to_string(i) : key;
+      e.name = EntryName(key, n, grouped_, i);
       if (grouped_) {
         e.group_name = key;
         e.group_size = n;
@@ -204,13 +146,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     };
   }
 
-  std::string TensorName() const {
-    if (!tensor_name_.empty()) return tensor_name_;
-    const std::string& full = name();
-    if (!ignore_name_scope_) return full;
-    auto pos = full.rfind('/');
-    return pos == std::string::npos ? full : full.substr(pos + 1);
-  }
+  std::string TensorName() const { return CollectiveKey(name(), tensor_name_, ignore_name_scope_); }
 
   bool grouped_ = false;
   bool ignore_name_scope_ = false;
@@ -344,12 +280,7 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
       }
     }
     TensorTableEntry e;
-    const std::string& full = name();
-    auto pos = full.rfind('/');
-    e.name = !key.empty()            ? key
-             : !tensor_name_.empty() ? tensor_name_
-             : ignore_name_scope_ && pos != std::string::npos ? full.substr(pos + 1)
-                                                              : full;
+    e.name = !key.empty() ? key : CollectiveKey(name(), tensor_name_, ignore_name_scope_);
     e.type = CollectiveType::BROADCAST;
     e.root_rank = root_rank_;
     e.shape = ToCoreShape(t->shape());

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 # Bump when the compile or link recipe changes in a way that makes old cached
 # builds wrong: it is part of the cache key.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 LIBRARY_NAME = "_tfring_ops.so"
 
@@ -270,11 +270,32 @@ def host_options(sources, compile_args=(), link_args=()):
     ))
 
 
+# What the XLA lowering (tf_ops/tensorflow/xla/) needs beyond TF's own flags:
+# the library with TF2XLA's op registry and XLA's builder and FFI API
+# (tf.sysconfig.get_link_flags() names only libtensorflow_framework; the
+# Python package has loaded this one before any op library), and two hash
+# libraries that XLA's headers include from the wheel's external/ tree.
+TF_XLA_LIBRARY = "libtensorflow_cc.so.2"
+TF_XLA_HEADER_DIRS = (("external", "highwayhash"), ("external", "farmhash_archive", "src"))
+
+
+def xla_options(tf):
+    """The BuildOptions the XLA lowering adds for ``tf``'s wheel: whatever of
+    it the wheel has. Without the library or headers the lowering compiles to
+    nothing (tf_ops/tensorflow/xla/xla_support.h checks the headers)."""
+    include = tf.sysconfig.get_include()
+    has_library = os.path.exists(os.path.join(tf.sysconfig.get_lib(), TF_XLA_LIBRARY))
+    return BuildOptions(
+        include_dirs=[d for d in (os.path.join(include, *parts) for parts in TF_XLA_HEADER_DIRS)
+                      if os.path.isdir(d)],
+        extra_link_args=[f"-l:{TF_XLA_LIBRARY}"] if has_library else [])
+
+
 def base_options(tf, root):
     """The build for a CPU library against ``tf`` (the imported module), with
     or without MPI (:func:`with_mpi`)."""
     return host_options(translation_units(root, with_mpi()), tf.sysconfig.get_compile_flags(),
-                        tf.sysconfig.get_link_flags())
+                        tf.sysconfig.get_link_flags()).merged(xla_options(tf))
 
 
 # ---- Extra build options: the one place they join the base build ----------

@@ -260,6 +260,32 @@ def cuda_built():
     return nccl_built()
 
 
+def xla_built():
+    """True when tfring's collectives have XLA kernels in this build, so a
+    ``tf.function(jit_compile=True)`` and Keras's XLA train step can run
+    them. The TensorFlow wheel's headers decide at build time (TF2XLA's op
+    registry, XLA's builder and typed FFI API).
+
+    Returns:
+        True or False, from the library itself.
+
+    Example:
+        >>> hvd.xla_built()
+        True
+    """
+    xla_kernels = getattr(_core(), "xla_kernels", None)
+    return bool(xla_kernels and xla_kernels())
+
+
+def xla_enabled():
+    """True when tfring.keras lets XLA compile the train step of a model with
+    a DistributedOptimizer: :func:`xla_built` and ``TFRING_XLA`` (alias
+    ``HOROVOD_XLA``) is not 0. Read from the environment on each call, with
+    the core's other settings."""
+    xla_enabled_ = getattr(_core(), "xla_enabled", None)
+    return bool(xla_enabled_ and xla_enabled_())
+
+
 def rocm_built():
     """False: tfring has no ROCm build."""
     return False

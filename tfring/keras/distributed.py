@@ -12,12 +12,18 @@ from tfring.tensorflow.gradient_aggregation import GradientReducer, LocalGradien
 
 
 def _check_not_xla():
+    """Refuses an XLA-compiled update where tfring may not use XLA
+    (TFRING_XLA=0, or a build without XLA kernels); elsewhere the gradients
+    are reduced inside the compiled step."""
     graph = tf.compat.v1.get_default_graph()
-    if control_flow_util.GraphOrParentsInXlaContext(graph):
+    if not control_flow_util.GraphOrParentsInXlaContext(graph):
+        return
+    from tfring.keras.xla import why_no_xla  # xla.py imports this module
+    why = why_no_xla()
+    if why is not None:
         raise RuntimeError(
-            "tfring's collectives have no XLA kernels, and this step is being compiled with "
-            "XLA. Compile the model with jit_compile=False, and do not call tfring from "
-            "a tf.function(jit_compile=True).")
+            f"This step is being compiled with XLA, but {why}. Compile the model with "
+            "jit_compile=False, and do not call tfring from a tf.function(jit_compile=True).")
 
 
 class _DistributedState:

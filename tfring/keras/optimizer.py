@@ -94,18 +94,21 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Returns:
         The distributed optimizer (an instance of a subclass of optimizer's class).
 
-    XLA: the collectives have no XLA kernels. Under Keras 3, a model that
-    trains with this optimizer and was compiled with the default
-    jit_compile="auto" runs without XLA even where Keras would choose XLA
-    (on a GPU machine); tfring logs a one-line notice then, once per model,
-    which jit_compile=False silences.
+    XLA: the collectives have XLA kernels, so a train step compiled with
+    XLA (Keras 3's jit_compile="auto" on a GPU machine, or jit_compile=True)
+    reduces the gradients inside the compiled step. With TFRING_XLA=0 (or a
+    build without XLA kernels), a model compiled with the default
+    jit_compile="auto" runs without XLA instead, and tfring logs a one-line
+    notice, once per model, which jit_compile=False silences.
 
     Raises:
         ValueError: a bad op, predivide factor or backward_passes_per_step;
-            (Keras 3) at model.compile() or the first fit(), a model that
-            trains with this optimizer and was compiled with jit_compile=True.
-        RuntimeError: at the first step, if the step is XLA-compiled otherwise
-            (tf_keras with jit_compile=True, or tf.function(jit_compile=True)).
+            (Keras 3, TFRING_XLA=0) at model.compile() or the first fit(), a
+            model that trains with this optimizer and was compiled with
+            jit_compile=True.
+        RuntimeError: (TFRING_XLA=0) at the first step, if the step is
+            XLA-compiled otherwise (tf_keras with jit_compile=True, or
+            tf.function(jit_compile=True)).
 
     Example:
         >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))

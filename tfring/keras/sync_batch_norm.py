@@ -16,6 +16,7 @@ import re
 import tensorflow as tf
 
 from tfring.common import basics
+from tfring.keras import xla
 from tfring.tensorflow import mpi_ops
 
 __all__ = ["SyncBatchNormalization"]
@@ -138,9 +139,10 @@ def _define(keras):
             def __init__(self, fused=False, **kwargs):
                 check_fused(fused)
                 super().__init__(**kwargs)
-                # The allreduce has no XLA kernel: this makes Keras's
-                # jit_compile="auto" (and True) leave the model's steps un-XLA'd.
-                self.supports_jit = False
+                # Where tfring may not use XLA (TFRING_XLA=0, or no XLA
+                # kernels), this makes Keras's jit_compile="auto" (and True)
+                # leave the model's steps un-XLA'd.
+                self.supports_jit = xla.why_no_xla() is None
 
             def _moments(self, inputs, mask):
                 return global_moments(inputs, self._reduction_axes, keepdims=False, mask=mask,

@@ -1,17 +1,20 @@
-"""Keras 3's default XLA compilation for models with a DistributedOptimizer.
+"""Keras 3's XLA compilation for models with a DistributedOptimizer.
 
 Keras 3 compiles models with ``jit_compile="auto"``. ``compile()`` resolves
 it once (``fit()`` does not resolve it again): XLA when TensorFlow sees a GPU,
 no ``tf.distribute`` strategy is in use and every layer supports XLA;
-otherwise no XLA. tfring's collectives have no XLA kernels, so on a GPU
-machine the default train step of a model with a DistributedOptimizer could
-not be compiled.
+otherwise no XLA. tfring's collectives have XLA kernels
+(tf_ops/tensorflow/xla/), so such a step, and an explicit
+``jit_compile=True``, compile with XLA and reduce the gradients inside it.
 
-tfring therefore turns XLA off for such a model when the XLA came from
-``"auto"``, and says so once per model. An explicit ``jit_compile=True`` is an
-error instead: the user asked for something that cannot run. (Reducing the
-gradients outside the compiled step was the other way; it would mean
-replacing Keras's train step, which users override, so it is not done.)
+XLA stays off for a model with a DistributedOptimizer only when tfring may
+not use it (:func:`tfring.common.basics.xla_enabled`): ``TFRING_XLA=0``
+(alias ``HOROVOD_XLA``), or a build whose TensorFlow lacked XLA's headers.
+Then tfring turns XLA off when it came from ``"auto"``, and says so once per
+model; an explicit ``jit_compile=True`` is an error instead: the user asked
+for something that cannot run. (Reducing the gradients outside the compiled
+step was the other way; it would mean replacing Keras's train step, which
+users override, so it is not done.)
 
 Which optimizer a model trains with is known only to the model, so tfring
 hooks two Keras methods: ``compile()``, to remember what the user asked for
@@ -23,6 +26,7 @@ import functools
 import inspect
 import logging
 
+from tfring.common import basics
 from tfring.keras.distributed import _DistributedMixin
 
 _log = logging.getLogger("tfring")
@@ -51,9 +55,21 @@ def _asked_for_auto(requested):
     return isinstance(requested, str) and requested == "auto"
 
 
+def why_no_xla():
+    """Why tfring's collectives may not run inside XLA in this process (a
+    sentence), or None when they may."""
+    if not basics.xla_built():
+        return ("tfring's collectives have no XLA kernels in this build (its TensorFlow "
+                "lacked XLA's headers)")
+    if not basics.xla_enabled():
+        return "TFRING_XLA=0 keeps tfring's collectives out of XLA"
+    return None
+
+
 def settle(model):
     """Makes sure `model`'s train step will not be XLA-compiled if its
-    optimizer is a tfring DistributedOptimizer.
+    optimizer is a tfring DistributedOptimizer and tfring may not use XLA
+    (:func:`why_no_xla`).
 
     Raises:
         ValueError: the model was compiled with an explicit jit_compile=True.
@@ -62,21 +78,23 @@ def settle(model):
         return
     if not model.jit_compile:
         return
+    why = why_no_xla()
+    if why is None:
+        return
     requested = model.__dict__.get(_REQUESTED, "auto")
     if not _asked_for_auto(requested):
         raise ValueError(
             f"Model '{model.name}' was compiled with jit_compile={requested!r}, but its "
-            "optimizer is a tfring DistributedOptimizer, whose collectives have no XLA "
-            "kernels. Compile with jit_compile=False, or leave jit_compile at its default "
-            "\"auto\" (tfring then turns XLA off for this model).")
+            f"optimizer is a tfring DistributedOptimizer and {why}. Compile with "
+            "jit_compile=False, or leave jit_compile at its default \"auto\" (tfring then "
+            "turns XLA off for this model).")
     model.jit_compile = False
     if not model.__dict__.get(_NOTIFIED):
         object.__setattr__(model, _NOTIFIED, True)
         _log.warning(
             "tfring: model '%s' will run without XLA: Keras's jit_compile=\"auto\" chose XLA "
-            "on this machine, but the model's optimizer is a tfring DistributedOptimizer, "
-            "whose collectives have no XLA kernels. Compile with jit_compile=False to silence "
-            "this notice.", model.name)
+            "on this machine, but the model's optimizer is a tfring DistributedOptimizer and "
+            "%s. Compile with jit_compile=False to silence this notice.", model.name, why)
 
 
 def settle_loaded(model):
@@ -118,8 +136,9 @@ def _wrap_make_train_function(make_fn):
 
 def install():
     """Hooks Keras 3's Trainer (once per process). Does nothing if Keras 3's
-    trainer is not where it is expected; the first XLA-compiled step then
-    fails with an error saying to compile with jit_compile=False."""
+    trainer is not where it is expected; where tfring may not use XLA, the
+    first XLA-compiled step then fails with an error saying to compile with
+    jit_compile=False."""
     global _installed
     if _installed:
         return

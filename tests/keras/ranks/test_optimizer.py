@@ -171,6 +171,13 @@ def test_save_and_load_model_rewraps_optimizer(rank, size, tmp_path):
     assert all(e == everyone[0] for e in everyone)
 
 
+@pytest.fixture
+def tfring_xla_0(monkeypatch):
+    """TFRING_XLA=0: tfring keeps its collectives out of XLA, and tfring.keras
+    falls back to running a DistributedOptimizer's step without XLA."""
+    monkeypatch.setenv("TFRING_XLA", "0")
+
+
 def xla_notices(caplog, model):
     return [r for r in caplog.records
             if r.name == "tfring" and "without XLA" in r.getMessage()
@@ -178,7 +185,7 @@ def xla_notices(caplog, model):
 
 
 def test_default_compile_on_a_gpu_machine_trains_without_xla(rank, size, gpu_like_auto,
-                                                             caplog):
+                                                             caplog, tfring_xla_0):
     """Keras 3 would compile this train step with XLA (see gpu_like_auto);
     tfring turns XLA off for it, says so once, and the model trains like the
     reference."""
@@ -195,6 +202,7 @@ def test_default_compile_on_a_gpu_machine_trains_without_xla(rank, size, gpu_lik
     notices = xla_notices(caplog, model)
     assert len(notices) == 1, [r.getMessage() for r in caplog.records]
     assert "jit_compile=False" in notices[0].getMessage()  # how to silence it
+    assert "TFRING_XLA=0" in notices[0].getMessage()  # why
     # Asking for no XLA gets no notice.
     quiet = linear_model(rank)
     quiet.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse",
@@ -205,7 +213,7 @@ def test_default_compile_on_a_gpu_machine_trains_without_xla(rank, size, gpu_lik
 
 @pytest.mark.parametrize("how", ["in_place", "load_model"])
 def test_optimizer_made_distributed_after_compile_trains_without_xla(
-        rank, size, gpu_like_auto, caplog, tmp_path, how):
+        rank, size, gpu_like_auto, caplog, tmp_path, how, tfring_xla_0):
     caplog.set_level("WARNING", logger="tfring")
     model = linear_model(rank)
     if how == "in_place":
@@ -228,9 +236,13 @@ def test_optimizer_made_distributed_after_compile_trains_without_xla(
     assert len(xla_notices(caplog, model)) == 1
 
 
-def test_mixed_precision_default_compile_trains_without_xla(rank, size, gpu_like_auto):
+@pytest.mark.parametrize("xla", ["on", "tfring_xla_0"])
+def test_mixed_precision_default_compile(rank, size, gpu_like_auto, xla, monkeypatch):
     """Under mixed_float16, compile() wraps the DistributedOptimizer in a
-    LossScaleOptimizer; XLA must still be turned off."""
+    LossScaleOptimizer; the gradients are still averaged inside the XLA
+    step, and with TFRING_XLA=0 XLA is still turned off."""
+    if xla != "on":
+        monkeypatch.setenv("TFRING_XLA", "0")
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = linear_model(rank)
@@ -239,7 +251,7 @@ def test_mixed_precision_default_compile_trains_without_xla(rank, size, gpu_like
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert not isinstance(model.optimizer, _DistributedMixin)  # Keras's wrapper is outside
-    assert model.jit_compile is False
+    assert model.jit_compile is (xla == "on")
     hvd_tf.broadcast_variables(model.variables, root_rank=0)
     xs, ys = local_data(rank, size, steps=1)
     model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
@@ -248,17 +260,17 @@ def test_mixed_precision_default_compile_trains_without_xla(rank, size, gpu_like
     assert all(e == everyone[0] for e in everyone)
 
 
-def test_explicit_jit_compile_true_gets_a_clear_error(rank, size, legacy_keras):
+def test_explicit_jit_compile_true_gets_a_clear_error(rank, size, legacy_keras, tfring_xla_0):
     model = linear_model(rank)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR))
     xs, ys = local_data(rank, size, steps=1)
     if legacy_keras:
         # tf_keras: the step's trace refuses to put a collective into XLA.
         model.compile(optimizer=opt, loss="mse", jit_compile=True)
-        with pytest.raises(RuntimeError, match="no XLA kernels.*jit_compile=False"):
+        with pytest.raises(RuntimeError, match="TFRING_XLA=0.*jit_compile=False"):
             model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
         return
-    with pytest.raises(ValueError, match="jit_compile=True.*no XLA kernels.*jit_compile=False"):
+    with pytest.raises(ValueError, match="jit_compile=True.*TFRING_XLA=0.*jit_compile=False"):
         model.compile(optimizer=opt, loss="mse", jit_compile=True)
     # Made distributed after compile(jit_compile=True): refused at the first fit().
     model = linear_model(rank)
@@ -268,10 +280,17 @@ def test_explicit_jit_compile_true_gets_a_clear_error(rank, size, legacy_keras):
         model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
 
 
-def test_xla_compiled_custom_step_gets_a_clear_error(rank, size):
+@pytest.mark.parametrize("xla", ["on", "tfring_xla_0"])
+def test_xla_compiled_custom_step(rank, size, xla, monkeypatch):
+    """A tf.function(jit_compile=True) step that applies a DistributedOptimizer
+    reduces inside XLA and trains like the reference; with TFRING_XLA=0 it
+    gets a clear error instead."""
+    if xla != "on":
+        monkeypatch.setenv("TFRING_XLA", "0")
     model = linear_model(rank)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR))
-    xs, ys = local_data(rank, size, steps=1)
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    xs, ys = local_data(rank, size)
 
     @tf.function(jit_compile=True)
     def step(x, y):
@@ -280,8 +299,15 @@ def test_xla_compiled_custom_step_gets_a_clear_error(rank, size):
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
 
-    with pytest.raises(RuntimeError, match="no XLA kernels.*tf.function.jit_compile=True."):
-        step(tf.constant(xs), tf.constant(ys))
+    batches = [(tf.constant(xs[i:i + BATCH]), tf.constant(ys[i:i + BATCH]))
+               for i in range(0, len(xs), BATCH)]
+    if xla != "on":
+        with pytest.raises(RuntimeError, match="TFRING_XLA=0.*tf.function.jit_compile=True."):
+            step(*batches[0])
+        return
+    for x, y in batches:
+        step(x, y)
+    assert_trained_like_reference(*model.get_weights(), size)
 
 
 def test_tensorflow_distributed_optimizer_routes_keras_optimizers():

@@ -153,8 +153,8 @@ def test_gradients_match_global_batch_norm(rank, size, call_mode):
                                rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("jit", ["off", "auto_on_a_gpu"])
-def test_in_model_fit_moving_statistics_agree(keras, rank, size, jit, request):
+@pytest.mark.parametrize("jit", ["off", "auto_on_a_gpu", "auto_on_a_gpu_tfring_xla_0"])
+def test_in_model_fit_moving_statistics_agree(keras, rank, size, jit, request, monkeypatch):
     batches = rank_batches(size, (4,), seed=7)
     targets = rank_batches(size, (3,), seed=8)
     kernel = np.random.default_rng(9).normal(size=(4, 3)).astype(np.float32)
@@ -167,11 +167,16 @@ def test_in_model_fit_moving_statistics_agree(keras, rank, size, jit, request):
     if jit == "off":
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", jit_compile=False)
     else:
-        # Keras 3 would choose XLA here (a GPU machine), but the layer has no
-        # XLA kernel and says so (supports_jit), so "auto" means no XLA.
+        # Keras 3 chooses XLA here (a GPU machine) and the layer's allreduce
+        # runs inside it; with TFRING_XLA=0 the layer says it has no XLA
+        # kernel (supports_jit), so "auto" means no XLA.
         request.getfixturevalue("gpu_like_auto")
+        xla = not jit.endswith("tfring_xla_0")
+        if not xla:
+            monkeypatch.setenv("TFRING_XLA", "0")
+        model = keras.models.clone_model(model)  # the layer reads TFRING_XLA when made
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-        assert model.jit_compile is False
+        assert model.jit_compile is xla
     # One step on this rank's whole batch.
     model.fit(batches[rank], targets[rank], batch_size=len(batches[rank]), epochs=1,
               shuffle=False, verbose=0)

@@ -1,12 +1,17 @@
-"""Every collective, in eager mode, in tf.function and in TF1 graph mode,
-checked against numpy from rank-dependent inputs."""
+"""Every collective, in eager mode, in tf.function and in TF1 graph mode (and,
+where XLA can run it, in tf.function(jit_compile=True)), checked against
+numpy from rank-dependent inputs."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfring.tensorflow as hvd
 from error_helpers import Background
-from tf_helpers import DTYPES, assert_close, rank_values, run, tf1_graph
+from tf_helpers import DTYPES, MODES_WITH_XLA, assert_close, rank_values, run, tf1_graph
+
+# Overrides the `mode` fixture: these also run inside XLA (test_xla.py has
+# what is particular to XLA).
+with_xla = pytest.mark.parametrize("mode", MODES_WITH_XLA)
 
 REDUCTIONS = {
     hvd.Sum: lambda xs, n: xs.sum(0),
@@ -25,6 +30,7 @@ def expected_reduction(op, dtype, size, shape=(3, 4)):
     return out
 
 
+@with_xla
 def test_allreduce_every_dtype_and_op(mode, rank, size):
     def build():
         return {f"{dt.name}/{op}": hvd.allreduce(tf.constant(rank_values(rank), dtype=dt), op=op)
@@ -35,6 +41,7 @@ def test_allreduce_every_dtype_and_op(mode, rank, size):
             assert_close(out[f"{dt.name}/{op}"], expected_reduction(op, dt, size), dt, f"op {op}")
 
 
+@with_xla
 def test_allreduce_bool(mode, rank, size):
     value = np.array([rank == 0, True, False, rank % 2 == 1])
 
@@ -47,6 +54,7 @@ def test_allreduce_bool(mode, rank, size):
     np.testing.assert_array_equal(max_, everyone.any(0))
 
 
+@with_xla
 def test_allreduce_scale_factors(mode, rank, size):
     def build():
         return [hvd.allreduce(tf.constant(rank_values(rank), dtype=dt), op=op,
@@ -82,6 +90,7 @@ def test_many_allreduces_fused_in_one_function(rank, size):
         np.testing.assert_allclose(value.numpy(), np.full([17], size * i + sum(range(size))))
 
 
+@with_xla
 def test_grouped_allreduce_mixed_dtypes(mode, rank, size):
     def build():
         return hvd.grouped_allreduce(
@@ -158,6 +167,7 @@ def test_grouped_allgather(mode, rank, size):
     np.testing.assert_array_equal(b, np.repeat(np.arange(size, dtype=np.float32), 2).reshape(size, 2))
 
 
+@with_xla
 def test_broadcast_every_root_and_dtype(mode, rank, size):
     def build():
         return {f"{dt.name}/{root}": hvd.broadcast(tf.constant(rank_values(rank), dtype=dt), root)
@@ -225,6 +235,7 @@ def test_alltoall_with_splits(mode, rank, size):
         np.testing.assert_array_equal(received, [s + rank + 1 for s in range(size)])
 
 
+@with_xla
 def test_alltoall_even_split(mode, rank, size):
     def build():
         return hvd.alltoall(tf.fill([2 * size, 3], rank))
@@ -232,6 +243,7 @@ def test_alltoall_even_split(mode, rank, size):
     np.testing.assert_array_equal(out, np.repeat(np.arange(size), 2)[:, None] * np.ones([1, 3]))
 
 
+@with_xla
 def test_reducescatter_uneven_rows(mode, rank, size):
     rows = 2 * size + 1
     value = rank_values(rank, (rows, 2))
@@ -292,6 +304,7 @@ def test_join_counts_joined_ranks_as_zeros(rank, size):
     assert hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy() == size
 
 
+@with_xla
 def test_broadcast_in_a_set_uses_the_job_wide_root(mode, rank, size, set_without_rank_0):
     """Horovod's root_rank is a job-wide rank, also in a process set: with the
     set [1, 2], root_rank=1 sends global rank 1's value (set rank 0)."""

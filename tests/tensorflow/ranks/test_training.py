@@ -1,6 +1,7 @@
 """Numerical equivalence: N ranks with per-rank batch b train to the same
 weights as one process with batch N*b (plain SGD), for the gradient tape
-(eager and tf.function) and TF1 graph mode with MonitoredTrainingSession."""
+(eager, tf.function and tf.function(jit_compile=True)) and TF1 graph mode
+with MonitoredTrainingSession."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,7 +12,7 @@ from training_reference import (BATCH, FEATURES, LR, STEPS, assert_local_part_li
                                 assert_trained_like_reference, global_data, initial_weights,
                                 local_batch)
 
-@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("in_function", [False, True, "xla"], ids=["eager", "function", "xla"])
 def test_distributed_gradient_tape_matches_single_process(rank, size, in_function):
     x, y = global_data(size)
     w0, b0 = initial_weights(rank)
@@ -26,7 +27,7 @@ def test_distributed_gradient_tape_matches_single_process(rank, size, in_functio
         w.assign_sub(LR * gw)
         b.assign_sub(LR * gb)
     if in_function:
-        step = tf.function(step)
+        step = tf.function(step, jit_compile=in_function == "xla")
     for s in range(STEPS):
         step(local_batch(x, s, rank, size), local_batch(y, s, rank, size))
     assert_trained_like_reference(w.numpy(), b.numpy(), size)

@@ -5,15 +5,19 @@ import numpy as np
 import tensorflow as tf
 
 MODES = ["eager", "function", "graph"]
+# For the collectives that run inside XLA (tf.function(jit_compile=True)).
+MODES_WITH_XLA = MODES + ["xla"]
 
 
 def run(mode, build):
     """Builds ops with `build()` and evaluates them eagerly, in a tf.function,
-    or in a TF1 graph with a Session; returns numpy values."""
+    in a tf.function(jit_compile=True) or in a TF1 graph with a Session;
+    returns numpy values."""
     if mode == "eager":
         return tf.nest.map_structure(lambda t: t.numpy(), build())
-    if mode == "function":
-        return tf.nest.map_structure(lambda t: t.numpy(), tf.function(build)())
+    if mode in ("function", "xla"):
+        return tf.nest.map_structure(lambda t: t.numpy(),
+                                     tf.function(build, jit_compile=mode == "xla")())
     with tf.Graph().as_default():
         out = build()
         with tf.compat.v1.Session() as sess:
