@@ -5,7 +5,6 @@ The compiles here are real but small (a one-function C++ file), so these run
 in seconds; tests/build/test_install.py builds the real library in a fresh
 environment.
 """
-import json
 import os
 import re
 import shutil
