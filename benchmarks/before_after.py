@@ -40,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", required=True, help="results folder")
     p.add_argument("--quick", action="store_true", help="run_all.py --quick (smoke run)")
+    p.add_argument("--run-all-args", default="",
+                   help="more run_all.py options for every part, e.g. \"--nps 2 --max-bytes 16M\"")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from OUT")
     return p.parse_args(argv)
 
@@ -48,7 +50,7 @@ def load():
     return os.getloadavg()[0]
 
 
-def run_part(checkout, part, results, quick):
+def run_part(checkout, part, results, quick, extra=()):
     """One run_all.py part from `checkout`; returns its exit code."""
     checkout = os.path.abspath(checkout)
     env = dict(os.environ, PYTHONPATH=checkout)
@@ -57,6 +59,7 @@ def run_part(checkout, part, results, quick):
            "--results-dir", results, "--report", os.path.join(results, "RESULTS.md")]
     if quick:
         cmd.append("--quick")
+    cmd += list(extra)
     print(f"before_after: {shlex.join(cmd)}  (load {load():.1f})", flush=True)
     return subprocess.run(cmd, cwd=checkout, env=env, timeout=3600).returncode
 
@@ -154,7 +157,7 @@ def main(argv=None):
             for part in parts:
                 for label, checkout in order:
                     code = run_part(checkout, part, os.path.join(out_dir, f"{label}-{r}"),
-                                    args.quick)
+                                    args.quick, shlex.split(args.run_all_args))
                     codes.append((label, r, part, code))
     text, worse = table(out_dir, args.rounds)
     failed = [c for c in codes if c[3] != 0]
