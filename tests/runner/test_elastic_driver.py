@@ -167,3 +167,27 @@ def test_exception_outside_elastic_run_ends_the_job_naming_it(tmp_path):
     assert "raised RuntimeError: no elastic.run here; stopping the job." in output, output
     assert "round 2" not in output
     assert leftovers(job) == []
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_member_failing_after_the_job_finished_fails_the_job(tmp_path, np_):
+    # The last rank exits 3 once the driver has seen rank 0 finish: a fixed-size
+    # job exits 3 for this, and so must an elastic one (a CI pipeline reading 0
+    # would take a failed job for a success).
+    gate = tmp_path / "gate"
+    script = JOINER + textwrap.dedent("""
+        if me["rank"] == info["size"] - 1:
+            while not os.path.exists(os.environ["GATE"]):
+                time.sleep(0.05)
+            sys.exit(3)
+    """)
+    job = ElasticJob(tmp_path, f"localhost:{np_}", [sys.executable, "-c", script], np_, 1, np_,
+                     env={"GATE": str(gate)}, timeout=120)
+    with job:
+        job.wait_for(r"worker 0 \(on localhost, rank 0\) finished")
+        gate.touch()
+        code, output = job.finish()
+    assert code == 3, output
+    assert (f"worker {np_ - 1} (on localhost, rank {np_ - 1}) exited with code 3 after the job "
+            "finished; the job failed") in output, output
+    assert leftovers(job) == []

@@ -32,8 +32,11 @@ Policy:
   ``--elastic-timeout``, then fails naming what it waited for. A worker
   that has not reached ``init()`` after ``--start-timeout`` plus
   ``--elastic-timeout`` is stopped (and counts as lost).
-* The job succeeds when a worker finishes with code 0; the others then get
-  ``--elastic-timeout`` to finish too.
+* The job succeeds when a worker finishes with code 0 and every other
+  member of the last round does too (they get ``--elastic-timeout``). A
+  member that then exits non-zero fails the job with its code (a signal:
+  128 + its number), as in a fixed-size job; a worker lost in an earlier
+  round, or one the driver told to leave, does not count.
 
 Every way out stops and reaps every worker it started.
 """
@@ -187,6 +190,7 @@ class Driver:
         self.blacklist = {}          # key -> until (monotonic; inf: for good)
         self.rounds = None           # the round bookkeeping, once the store is up
         self.succeeded_at = None
+        self.failed_after = None     # the exit code of a member that failed after that
         self.outcome = None          # (code, message)
         self.signals = []
         self.events = []             # (monotonic, text): for benchmarks and --verbose
@@ -378,9 +382,17 @@ class Driver:
             return
         if self.outcome is not None:
             return
-        words = describe_exit(code)[0]
+        words, shell_code = describe_exit(code)
         if self.succeeded_at is not None:
-            self._say(f"{worker.name()} {words} after the job finished")
+            if was_member and not worker.leaving:
+                # A member of the last round failed: the job failed, as a
+                # rank of a fixed-size job that fails after the others
+                # finished fails it. The others still get their time.
+                self._say(f"{worker.name()} {words} after the job finished; the job failed")
+                if self.failed_after is None:
+                    self.failed_after = shell_code
+            else:
+                self._say(f"{worker.name()} {words} after the job finished")
             return
         self._event(f"{worker.name()} {words}; lost", always=True)
         self.rounds.dirty = True
@@ -540,7 +552,7 @@ class Driver:
             alive = [w for w in self.workers.values() if w.alive()]
             if self.succeeded_at is not None:
                 if not alive:
-                    return 0
+                    return self.failed_after or 0
                 if now - self.succeeded_at > self.elastic_timeout:
                     self._fail(1, f"workers {', '.join(str(w.wid) for w in alive)} did not "
                                   f"finish within --elastic-timeout {self.elastic_timeout:g} s "
