@@ -191,3 +191,28 @@ def test_member_failing_after_the_job_finished_fails_the_job(tmp_path, np_):
     assert (f"worker {np_ - 1} (on localhost, rank {np_ - 1}) exited with code 3 after the job "
             "finished; the job failed") in output, output
     assert leftovers(job) == []
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_publishing_a_round_deletes_the_previous_rounds_scope(np_):
+    # Each round's registrations, ready marks and reset counter live in its
+    # own scope; a long job with many resets must not pile them up.
+    from types import SimpleNamespace
+
+    from tfring._store import elastic_protocol as protocol
+    from tfring._store import wire
+    from tfring._store.rendezvous import RendezvousClient
+    from tfring.runner.elastic.rounds import Rounds
+    from wire_support import running_store
+    workers = [SimpleNamespace(wid=w, key="h", host="h", rank=None) for w in range(np_)]
+    with running_store() as (server, secret), RendezvousClient(*server.address, secret) as c:
+        rounds = Rounds(c, min_np=1, elastic_timeout=10, reset_limit=None,
+                        say=print, event=lambda text, always: None)
+        for r in range(1, np_ + 1):
+            rounds.publish(workers[:np_ - r + 1])
+            c.set(protocol.round_scope(r), "reg/h/0", b"x")
+        for r in range(1, np_):
+            with pytest.raises(wire.ShuttingDownError, match="was deleted"):
+                c.get(protocol.round_scope(r), "reg/h/0", timeout=5)
+        assert c.get(protocol.round_scope(np_), "reg/h/0", timeout=5) == b"x"
+        assert rounds.round == np_ and [w.rank for w in workers[:1]] == [0]

@@ -111,7 +111,7 @@ class _Membership:
                     if wid in info["members"] and self._all_ready(latest, info, deadline):
                         self._export(latest, info)
                         return info
-                    if wid in info["members"]:
+                    if wid in info["members"] and time.monotonic() <= deadline:
                         continue  # a newer round replaced it while waiting
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -120,17 +120,21 @@ class _Membership:
                 time.sleep(_POLL)
 
     def _all_ready(self, r, info, deadline):
-        prefix = protocol.ready_prefix(r)
-        self._call("set", protocol.SCOPE, prefix + self.worker_id, b"1")
-        while True:
-            try:
-                self._call("wait_prefix", protocol.SCOPE, prefix, len(info["members"]), 0.25)
-                return True
-            except wire.WireTimeoutError:
-                if int(self._call("add", protocol.SCOPE, protocol.LATEST, 0)) != r:
-                    return False
-                if time.monotonic() > deadline:
-                    return False
+        scope = protocol.round_scope(r)
+        try:
+            self._call("set", scope, protocol.READY_PREFIX + self.worker_id, b"1")
+            while True:
+                try:
+                    self._call("wait_prefix", scope, protocol.READY_PREFIX,
+                               len(info["members"]), 0.25)
+                    return True
+                except wire.WireTimeoutError:
+                    if int(self._call("add", protocol.SCOPE, protocol.LATEST, 0)) != r:
+                        return False
+                    if time.monotonic() > deadline:
+                        return False
+        except wire.ShuttingDownError:
+            return False  # the driver deleted the round: a newer one replaced it
 
     def _export(self, r, info):
         me = info["members"][self.worker_id]
@@ -145,7 +149,7 @@ class _Membership:
         """Tells the driver this worker's communication in its round broke."""
         try:
             with self.lock:
-                self._call("add", protocol.SCOPE, protocol.reset_key(self.round), 1)
+                self._call("add", protocol.round_scope(self.round), protocol.RESET, 1)
         except Exception:  # noqa: BLE001 - the driver also sees the lost peer itself
             pass
 
@@ -184,6 +188,11 @@ def _install_excepthook():
 def join_round():
     """Called by ``init()`` in an elastic worker before the TCP start-up."""
     return _membership.join()
+
+
+def round_replaced():
+    """True when the driver has published a round newer than this worker's."""
+    return _membership.latest_round() > _membership.round
 
 
 def current_round():

@@ -79,7 +79,7 @@ class Rounds:
         announced = {int(key[len("pending/"):]) for key, _ in
                      self.client.wait_prefix(protocol.SCOPE, "pending/", 0, timeout=0)}
         if self.round and self.reset_seen is None:
-            if self.client.add(protocol.SCOPE, protocol.reset_key(self.round), 0) > 0:
+            if self.client.add(protocol.round_scope(self.round), protocol.RESET, 0) > 0:
                 self.reset_seen = time.monotonic()
         if self.reset_seen is not None and time.monotonic() - self.reset_seen > RESET_GRACE:
             self.dirty = True
@@ -153,6 +153,10 @@ class Rounds:
         self.client.set(protocol.SCOPE, protocol.round_key(self.round),
                         protocol.encode_round(self.round, members, removed))
         self.client.add(protocol.SCOPE, protocol.LATEST, 1)
+        if previous:
+            # Its running members no longer need it; the ones still starting
+            # it fail at once and join this round.
+            self.client.delete_scope(protocol.round_scope(previous))
         self.members = members
         self.dirty = False
         self.waiting_since = None
