@@ -9,6 +9,8 @@ Behaviour is set by the environment:
   ELASTIC_STEPS           total steps (default 30)
   ELASTIC_KILL            "worker:step,...": each listed worker SIGKILLs itself
                           before its allreduce of that step
+  ELASTIC_STOP            "worker:step,...": each listed worker SIGSTOPs itself
+                          there instead: alive to the driver, silent to its peers
   ELASTIC_KILL_STARTING   "worker:round,...": each listed worker SIGKILLs itself
                           once it has joined that round, while its peers start it
   ELASTIC_RAISE_WORKER    worker id that raises ValueError ...
@@ -120,6 +122,8 @@ def main():
             s, n, r = state.step, hvd.size(), hvd.rank()
             if f"{wid}:{s}" in env("ELASTIC_KILL", "").split(","):
                 os.kill(os.getpid(), signal.SIGKILL)
+            if f"{wid}:{s}" in env("ELASTIC_STOP", "").split(","):
+                os.kill(os.getpid(), signal.SIGSTOP)
             if wid == env("ELASTIC_RAISE_WORKER") and s == int(env("ELASTIC_RAISE_STEP", "-1")):
                 raise ValueError(f"bad batch at step {s}")
             if s == int(env("ELASTIC_WAIT_SIZE_STEP", "-1")):

@@ -260,3 +260,20 @@ def test_worker_dying_while_a_round_starts_does_not_hold_the_next_round(tmp_path
     assert f"round {rounds}: 1 workers (0->rank 0)" in output, output[-8000:]
     if np_ == 2:
         _check_reference(weights, [1] * 12)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_silent_worker_reported_by_its_peers_is_left_out(tmp_path, np_):
+    # A frozen worker (SIGSTOP) is what a host cut off the network looks like
+    # from its peers: no heartbeat, no closed connection, and to the driver a
+    # process still running. Its peers report it; the next round leaves it out.
+    env = {"ELASTIC_STEPS": "14", "ELASTIC_STOP": f"{np_ - 1}:5", "TFRING_HEARTBEAT_SECONDS": "1"}
+    with ElasticJob(tmp_path, f"localhost:{np_}", WORKER, np_, 1, np_, env=env,
+                    timeout=180) as job:
+        code, output = job.finish()
+    victim = np_ - 1
+    assert (f"worker {victim} (on localhost, rank {victim}) is gone for its peers") in output, \
+        output[-8000:]
+    weights = _check_finished(job, code, output, list(range(np_ - 1)))
+    committed = int(_lines(output, "RESET")[0][1][0])
+    _check_reference(weights, [np_] * committed + [np_ - 1] * (14 - committed))

@@ -18,6 +18,11 @@ start-up registers, and with:
   one replaced is never half-started.
 * ``reset``: a counter: members of round r whose communication broke and
   who ask for a new round.
+* ``lost/<worker id>``: a member of round r that another member found gone
+  (silent past the heartbeat timeout, or its connection broke); the value is
+  the reporter's worker id. The driver stops such a worker and leaves it out
+  of the next round even while its process seems alive to the driver (a
+  host cut off the network).
 
 The driver deletes round r's scope when it publishes round r + 1. A deleted
 scope stays closed, so a member still starting round r (one of its peers
@@ -42,6 +47,7 @@ def round_key(r):
 
 READY_PREFIX = "ready/"   # in round_scope(r)
 RESET = "reset"           # in round_scope(r)
+LOST_PREFIX = "lost/"     # in round_scope(r)
 
 
 def round_scope(r):

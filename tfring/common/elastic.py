@@ -18,8 +18,8 @@ import time
 from tfring._store import elastic_protocol as protocol
 from tfring._store import wire
 from tfring._store.rendezvous import RendezvousClient
-from tfring.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
-                                      WorkerRemovedInterrupt)
+from tfring.common.exceptions import (Cause, HorovodInternalError, HostsUpdatedInterrupt,
+                                      WorkerRemovedInterrupt, failure_of)
 
 _TRUE = ("1", "true", "yes", "on")
 # How long a worker waits for a round that includes it, unless the driver
@@ -145,11 +145,19 @@ class _Membership:
             "TFRING_RENDEZVOUS_SCOPE": protocol.round_scope(r)})
         self.round, self.info = r, info
 
-    def request_reset(self):
-        """Tells the driver this worker's communication in its round broke."""
+    def request_reset(self, lost_rank=None):
+        """Tells the driver this worker's communication in its round broke,
+        and which rank of the round it found gone, when one is known: the
+        driver may not see that worker go (its host is cut off)."""
         try:
             with self.lock:
-                self._call("add", protocol.round_scope(self.round), protocol.RESET, 1)
+                scope = protocol.round_scope(self.round)
+                members = (self.info or {}).get("members", {})
+                for wid, member in members.items():
+                    if member.get("rank") == lost_rank and wid != self.worker_id:
+                        self._call("set", scope, protocol.LOST_PREFIX + wid,
+                                   self.worker_id.encode())
+                self._call("add", scope, protocol.RESET, 1)
         except Exception:  # noqa: BLE001 - the driver also sees the lost peer itself
             pass
 
@@ -334,13 +342,13 @@ def run_fn(func, reset, is_internal_error):
                     return func(state, *args, **kwargs)
                 except HostsUpdatedInterrupt:
                     needs_reset = True
-                except HorovodInternalError:
-                    _roll_back(state)
+                except HorovodInternalError as e:
+                    _roll_back(state, e)
                     needs_reset = True
                 except Exception as e:  # noqa: BLE001 - sorted below
                     if not is_internal_error(e):
                         raise
-                    _roll_back(state)
+                    _roll_back(state, e)
                     needs_reset = True
         except WorkerRemovedInterrupt as e:
             print(f"tfring: {e.message}; leaving the job", file=sys.stderr, flush=True)
@@ -354,7 +362,9 @@ def run_fn(func, reset, is_internal_error):
     return wrapper
 
 
-def _roll_back(state):
-    _membership.request_reset()
+def _roll_back(state, error):
+    failure = failure_of(error)
+    lost = failure[1] if failure is not None and failure[0] is Cause.PEER_FAILURE else None
+    _membership.request_reset(lost)
     state.restore()
 

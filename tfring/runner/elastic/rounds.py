@@ -85,6 +85,18 @@ class Rounds:
             self.dirty = True
         return None, announced
 
+    def reported_lost(self):
+        """{worker id: reporter's worker id} of the members of the current
+        round that another member found gone."""
+        if not self.round:
+            return {}
+        try:
+            entries = self.client.wait_prefix(protocol.round_scope(self.round),
+                                              protocol.LOST_PREFIX, 0, timeout=0)
+        except wire.ShuttingDownError:
+            return {}
+        return {int(key[len(protocol.LOST_PREFIX):]): int(value) for key, value in entries}
+
     def decide(self, ready, starting, shortfall, leaving=()):
         """Publishes a new round when one is due and may be.
 
