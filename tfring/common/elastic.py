@@ -310,7 +310,7 @@ class ObjectState(State):
             self._set_attrs()
 
 
-def run_fn(func, reset, is_internal_error):
+def run_fn(func, reset, is_internal_error, stop_cause=None):
     """The retry loop behind the frameworks' ``elastic.run``.
 
     Args:
@@ -319,6 +319,10 @@ def run_fn(func, reset, is_internal_error):
             round).
         is_internal_error: tells whether an exception is a lost peer (to be
             rolled back and retried), not an error of the script.
+        stop_cause: optional; returns (Cause, rank or None) of why the core
+            stopped, or None: the lost rank to report when the exception
+            does not carry it (TensorFlow cancels a graph's other ops
+            without it).
 
     Returns:
         The decorated function.
@@ -343,12 +347,12 @@ def run_fn(func, reset, is_internal_error):
                 except HostsUpdatedInterrupt:
                     needs_reset = True
                 except HorovodInternalError as e:
-                    _roll_back(state, e)
+                    _roll_back(state, e, stop_cause)
                     needs_reset = True
                 except Exception as e:  # noqa: BLE001 - sorted below
                     if not is_internal_error(e):
                         raise
-                    _roll_back(state, e)
+                    _roll_back(state, e, stop_cause)
                     needs_reset = True
         except WorkerRemovedInterrupt as e:
             print(f"tfring: {e.message}; leaving the job", file=sys.stderr, flush=True)
@@ -362,8 +366,10 @@ def run_fn(func, reset, is_internal_error):
     return wrapper
 
 
-def _roll_back(state, error):
+def _roll_back(state, error, stop_cause=None):
     failure = failure_of(error)
+    if (failure is None or failure[1] is None) and stop_cause is not None:
+        failure = stop_cause()
     lost = failure[1] if failure is not None and failure[0] is Cause.PEER_FAILURE else None
     _membership.request_reset(lost)
     state.restore()
