@@ -267,7 +267,10 @@ def test_silent_worker_reported_by_its_peers_is_left_out(tmp_path, np_):
     # A frozen worker (SIGSTOP) is what a host cut off the network looks like
     # from its peers: no heartbeat, no closed connection, and to the driver a
     # process still running. Its peers report it; the next round leaves it out.
-    env = {"ELASTIC_STEPS": "14", "ELASTIC_STOP": f"{np_ - 1}:5", "TFRING_HEARTBEAT_SECONDS": "1"}
+    # Over the TCP ring, as between hosts: a frozen peer on the same host can
+    # also leave a survivor waiting in the shared-memory plane.
+    env = {"ELASTIC_STEPS": "14", "ELASTIC_STOP": f"{np_ - 1}:5", "TFRING_HEARTBEAT_SECONDS": "1",
+           "TFRING_CPU_OPERATIONS": "ring"}
     with ElasticJob(tmp_path, f"localhost:{np_}", WORKER, np_, 1, np_, env=env,
                     timeout=180) as job:
         code, output = job.finish()

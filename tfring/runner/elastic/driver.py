@@ -467,11 +467,13 @@ class Driver:
     def _cut_off(self, worker, reporter):
         """Stops a worker that a peer found gone, and leaves it out of the
         next round, though its process may still look alive from here (its
-        host was cut off the network: its wrapper cannot say anything). A
-        report from a worker that is itself cut off is not believed."""
+        host was cut off the network: its wrapper cannot say anything). Every
+        member's report counts, even one from a worker reported in turn: a
+        survivor may name the peer that passed the failure on before the
+        root cause reaches it, and waiting for a silent worker would hang
+        the next round (at worst a healthy worker is restarted)."""
         if (worker is None or reporter is None or not worker.alive()
-                or worker.cut_off is not None or not reporter.alive()
-                or reporter.cut_off is not None):
+                or worker.cut_off is not None):
             return
         worker.cut_off = time.monotonic()
         self.rounds.dirty = True
