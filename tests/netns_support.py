@@ -100,6 +100,15 @@ class FakeHosts:
     def namespace(self, name):
         return self._ns[name]
 
+    def traffic(self, name):
+        """Bytes fake host `name`'s link has carried so far, both ways."""
+        stats = f"/sys/class/net/{self._veth[name]}h/statistics/"
+        return sum(int(open(stats + f).read()) for f in ("rx_bytes", "tx_bytes"))
+
+    def restore(self, name):
+        """Puts `name` back on the network after :meth:`cut`."""
+        _ip("link", "set", self._veth[name] + "h", "up")
+
     def cut(self, name):
         """Takes `name` off the network: its link goes down, its processes
         live on (nothing closes their sockets)."""

@@ -167,3 +167,52 @@ def test_exception_outside_elastic_run_ends_the_job_naming_it(tmp_path):
     assert "raised RuntimeError: no elastic.run here; stopping the job." in output, output
     assert "round 2" not in output
     assert leftovers(job) == []
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_member_failing_after_the_job_finished_fails_the_job(tmp_path, np_):
+    # The last rank exits 3 once the driver has seen rank 0 finish: a fixed-size
+    # job exits 3 for this, and so must an elastic one (a CI pipeline reading 0
+    # would take a failed job for a success).
+    gate = tmp_path / "gate"
+    script = JOINER + textwrap.dedent("""
+        if me["rank"] == info["size"] - 1:
+            while not os.path.exists(os.environ["GATE"]):
+                time.sleep(0.05)
+            sys.exit(3)
+    """)
+    job = ElasticJob(tmp_path, f"localhost:{np_}", [sys.executable, "-c", script], np_, 1, np_,
+                     env={"GATE": str(gate)}, timeout=120)
+    with job:
+        job.wait_for(r"worker 0 \(on localhost, rank 0\) finished")
+        gate.touch()
+        code, output = job.finish()
+    assert code == 3, output
+    assert (f"worker {np_ - 1} (on localhost, rank {np_ - 1}) exited with code 3 after the job "
+            "finished; the job failed") in output, output
+    assert leftovers(job) == []
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_publishing_a_round_deletes_the_previous_rounds_scope(np_):
+    # Each round's registrations, ready marks and reset counter live in its
+    # own scope; a long job with many resets must not pile them up.
+    from types import SimpleNamespace
+
+    from tfring._store import elastic_protocol as protocol
+    from tfring._store import wire
+    from tfring._store.rendezvous import RendezvousClient
+    from tfring.runner.elastic.rounds import Rounds
+    from wire_support import running_store
+    workers = [SimpleNamespace(wid=w, key="h", host="h", rank=None) for w in range(np_)]
+    with running_store() as (server, secret), RendezvousClient(*server.address, secret) as c:
+        rounds = Rounds(c, min_np=1, elastic_timeout=10, reset_limit=None,
+                        say=print, event=lambda text, always: None)
+        for r in range(1, np_ + 1):
+            rounds.publish(workers[:np_ - r + 1])
+            c.set(protocol.round_scope(r), "reg/h/0", b"x")
+        for r in range(1, np_):
+            with pytest.raises(wire.ShuttingDownError, match="was deleted"):
+                c.get(protocol.round_scope(r), "reg/h/0", timeout=5)
+        assert c.get(protocol.round_scope(np_), "reg/h/0", timeout=5) == b"x"
+        assert rounds.round == np_ and [w.rank for w in workers[:1]] == [0]

@@ -44,8 +44,12 @@ def test_set_get_add_wait_and_scopes(store):
             c.get("job/1", "a", timeout=0.1)
         c.set("job/1", "a", b"new")
         c.delete_scope("job/0")
-        with pytest.raises(wire.WireTimeoutError):
-            c.get("job/0", "a", timeout=0.1)
+        # A deleted scope stays closed (a rank late for a replaced round
+        # must not wait in it): nothing is read or written there again.
+        for request in (lambda: c.get("job/0", "a", timeout=5), lambda: c.set("job/0", "a", b"1"),
+                        lambda: c.add("job/0", "n", 1)):
+            with pytest.raises(wire.ShuttingDownError, match="scope 'job/0' was deleted"):
+                request()
         assert c.get("job/1", "a", timeout=1) == b"new"
         with pytest.raises(wire.InvalidRequestError,
                            match="key 'a' in scope 'job/1' is already set"):
@@ -64,6 +68,27 @@ def test_get_waits_for_a_key_set_later(store):
         setter.set("s", "late", b"v")
         t.join(10)
         assert got == [b"v"]
+
+
+def test_deleting_a_scope_ends_the_waits_in_it(store):
+    # Whether the delete comes before or during the wait, the wait ends at
+    # once with the scope named, long before its own timeout.
+    with client(store) as waiter, client(store) as deleter:
+        failed = []
+
+        def wait():
+            start = time.monotonic()
+            try:
+                waiter.wait_prefix("round/1", "reg/", 2, timeout=60)
+            except wire.ShuttingDownError as e:
+                failed.append((time.monotonic() - start, str(e)))
+        t = threading.Thread(target=wait)
+        t.start()
+        deleter.delete_scope("round/1")
+        t.join(30)
+        assert len(failed) == 1 and failed[0][0] < 10, failed
+        assert "scope 'round/1' was deleted" in failed[0][1]
+        deleter.set("round/2", "reg/a", b"1")  # other scopes are untouched
 
 
 def test_get_timeout_names_the_key(store):

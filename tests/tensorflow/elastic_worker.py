@@ -9,6 +9,10 @@ Behaviour is set by the environment:
   ELASTIC_STEPS           total steps (default 30)
   ELASTIC_KILL            "worker:step,...": each listed worker SIGKILLs itself
                           before its allreduce of that step
+  ELASTIC_STOP            "worker:step,...": each listed worker SIGSTOPs itself
+                          there instead: alive to the driver, silent to its peers
+  ELASTIC_KILL_STARTING   "worker:round,...": each listed worker SIGKILLs itself
+                          once it has joined that round, while its peers start it
   ELASTIC_RAISE_WORKER    worker id that raises ValueError ...
   ELASTIC_RAISE_STEP      ... at this step
   ELASTIC_STEP_SLEEP      seconds to sleep in each step (lets a test act mid-run)
@@ -77,7 +81,25 @@ def replay(schedule):
     return [v.numpy() for v in model.trainable_variables]
 
 
+def die_while_starting(rounds):
+    """Makes this worker SIGKILL itself between joining one of `rounds` and
+    registering for its start-up: its peers are then starting a round
+    without it."""
+    from tfring.common import elastic
+    join = elastic.join_round
+
+    def join_then_die():
+        info = join()
+        if f"{os.environ.get('TFRING_ELASTIC_WORKER')}:{info['round']}" in rounds:
+            print("DYING", info["round"], flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return info
+    elastic.join_round = join_then_die
+
+
 def main():
+    if os.environ.get("ELASTIC_KILL_STARTING"):
+        die_while_starting(os.environ["ELASTIC_KILL_STARTING"].split(","))
     hvd.init()
     steps = int(os.environ.get("ELASTIC_STEPS", "30"))
     wid = os.environ.get("TFRING_ELASTIC_WORKER")
@@ -100,6 +122,8 @@ def main():
             s, n, r = state.step, hvd.size(), hvd.rank()
             if f"{wid}:{s}" in env("ELASTIC_KILL", "").split(","):
                 os.kill(os.getpid(), signal.SIGKILL)
+            if f"{wid}:{s}" in env("ELASTIC_STOP", "").split(","):
+                os.kill(os.getpid(), signal.SIGSTOP)
             if wid == env("ELASTIC_RAISE_WORKER") and s == int(env("ELASTIC_RAISE_STEP", "-1")):
                 raise ValueError(f"bad batch at step {s}")
             if s == int(env("ELASTIC_WAIT_SIZE_STEP", "-1")):

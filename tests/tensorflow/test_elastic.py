@@ -8,6 +8,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -236,3 +237,46 @@ def test_errors_that_are_not_lost_peers_are_judged_the_scripts_own(monkeypatch):
     # An abort that is not tfring's (no cause), while tfring runs: the script's.
     assert not _judge(monkeypatch, tf.errors.AbortedError(None, None, "an abort of TF's own"))
     assert not _judge(monkeypatch, ValueError("the script's own"))
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_worker_dying_while_a_round_starts_does_not_hold_the_next_round(tmp_path, np_):
+    # A worker dies between joining a round and registering for its start-up
+    # (at np=2 the first round, at np=3 the round after another worker was
+    # killed). Its peers must not wait out --start-timeout (60 s here) in the
+    # dead round: the driver replaces it and closes its scope at once.
+    env = {"ELASTIC_STEPS": "12", "ELASTIC_KILL_STARTING": "1:1" if np_ == 2 else "1:2"}
+    if np_ == 3:
+        env["ELASTIC_KILL"] = "2:4"
+    with ElasticJob(tmp_path, f"localhost:{np_}", WORKER, np_, 1, np_, env=env,
+                    extra=["--start-timeout", "60"]) as job:
+        code, output = job.finish()
+    weights = _check_finished(job, code, output, [0])
+    dying = [t for t, line in job.lines if "<stdout>:DYING" in line]
+    final = [t for t, line in job.lines if "<stdout>:FINAL" in line]
+    assert len(dying) == 1 and len(final) == 1, output[-8000:]
+    assert final[0] - dying[0] < 30, (final[0] - dying[0], output[-8000:])
+    rounds = 2 if np_ == 2 else 3
+    assert f"round {rounds}: 1 workers (0->rank 0)" in output, output[-8000:]
+    if np_ == 2:
+        _check_reference(weights, [1] * 12)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_silent_worker_reported_by_its_peers_is_left_out(tmp_path, np_):
+    # A frozen worker (SIGSTOP) is what a host cut off the network looks like
+    # from its peers: no heartbeat, no closed connection, and to the driver a
+    # process still running. Its peers report it; the next round leaves it out.
+    # Over the TCP ring, as between hosts: a frozen peer on the same host can
+    # also leave a survivor waiting in the shared-memory plane.
+    env = {"ELASTIC_STEPS": "14", "ELASTIC_STOP": f"{np_ - 1}:5", "TFRING_HEARTBEAT_SECONDS": "1",
+           "TFRING_CPU_OPERATIONS": "ring"}
+    with ElasticJob(tmp_path, f"localhost:{np_}", WORKER, np_, 1, np_, env=env,
+                    timeout=180) as job:
+        code, output = job.finish()
+    victim = np_ - 1
+    assert (f"worker {victim} (on localhost, rank {victim}) is gone for its peers") in output, \
+        output[-8000:]
+    weights = _check_finished(job, code, output, list(range(np_ - 1)))
+    committed = int(_lines(output, "RESET")[0][1][0])
+    _check_reference(weights, [np_] * committed + [np_ - 1] * (14 - committed))

@@ -8,14 +8,27 @@ Keys:
   {worker id: {"rank", "host", "host_order", "local_slot"}}, "removed":
   [worker ids]}``. Written before ``latest`` moves to r, so a worker that
   sees r can always read it.
-* ``ready/<r>/<worker id>``: a member of round r is waiting to start it;
-  the TCP start-up begins once every member is there, so a round that a
-  newer one replaced is never half-started.
-* ``reset/<r>``: a counter: members of round r whose communication broke
-  and who ask for a new round.
 * ``error/<worker id>``: the text of an ordinary exception that ends the job.
 
-Each round's TCP start-up registers in its own scope, :func:`round_scope`.
+Each round r has a scope of its own, :func:`round_scope`, where its TCP
+start-up registers, and with:
+
+* ``ready/<worker id>``: a member of round r is waiting to start it; the
+  TCP start-up begins once every member is there, so a round that a newer
+  one replaced is never half-started.
+* ``reset``: a counter: members of round r whose communication broke and
+  who ask for a new round.
+* ``lost/<worker id>``: a member of round r that another member found gone
+  (silent past the heartbeat timeout, or its connection broke); the value is
+  the reporter's worker id. The driver stops such a worker and leaves it out
+  of the next round even while its process seems alive to the driver (a
+  host cut off the network).
+
+The driver deletes round r's scope when it publishes round r + 1. A deleted
+scope stays closed, so a member still starting round r (one of its peers
+died on the way) fails at once and joins the newer round, instead of
+waiting out its start-up timeout; the running members of round r no
+longer use the store.
 """
 import json
 
@@ -32,12 +45,9 @@ def round_key(r):
     return f"round/{r}"
 
 
-def ready_prefix(r):
-    return f"ready/{r}/"
-
-
-def reset_key(r):
-    return f"reset/{r}"
+READY_PREFIX = "ready/"   # in round_scope(r)
+RESET = "reset"           # in round_scope(r)
+LOST_PREFIX = "lost/"     # in round_scope(r)
 
 
 def round_scope(r):

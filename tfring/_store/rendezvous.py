@@ -49,6 +49,10 @@ class RendezvousServer:
         self._max_connections = max_connections
         self._max_store_bytes = max_store_bytes
         self._store = {}            # scope -> {key: value}
+        # Deleted scopes stay closed: a rank still starting in one (a round
+        # that a newer one replaced) fails at once instead of waiting out
+        # its start-up timeout for peers that will never come.
+        self._closed = set()
         self._store_bytes = 0
         self._cond = threading.Condition()
         self._stopping = False
@@ -254,19 +258,23 @@ class RendezvousServer:
             with self._cond:
                 dropped = self._store.pop(scope, {})
                 self._store_bytes -= sum(len(k) + len(v) for k, v in dropped.items())
+                self._closed.add(scope)
+                self._cond.notify_all()  # waits in it end now
             return wire.frame(wire.OK)
         if msg_type == wire.PING:
             r.end()
             return wire.frame(wire.OK)
         raise wire.ProtocolError(f"unknown message type 0x{msg_type:02x}")
 
-    def _check_running(self):
+    def _check_running(self, scope):
         if self._stopping:
             raise wire.ShuttingDownError("the rendezvous server is shutting down")
+        if scope in self._closed:
+            raise wire.ShuttingDownError(f"scope '{scope}' was deleted")
 
     def _set(self, scope, key, value, exclusive):
         with self._cond:
-            self._check_running()
+            self._check_running(scope)
             entries = self._store.setdefault(scope, {})
             old = entries.get(key)
             if old is not None and exclusive:
@@ -280,12 +288,12 @@ class RendezvousServer:
             self._store_bytes += grow
             self._cond.notify_all()
 
-    def _wait(self, ready, timeout_ms, what):
+    def _wait(self, scope, ready, timeout_ms, what):
         deadline = time.monotonic() + timeout_ms / 1000.0
         sock = self._local.sock
         with self._cond:
             while True:
-                self._check_running()
+                self._check_running(scope)
                 result = ready()
                 if result is not None:
                     return result
@@ -300,12 +308,12 @@ class RendezvousServer:
                     raise wire.PeerClosedError("the client closed the connection while waiting")
 
     def _get(self, scope, key, timeout_ms):
-        return self._wait(lambda: self._store.get(scope, {}).get(key), timeout_ms,
+        return self._wait(scope, lambda: self._store.get(scope, {}).get(key), timeout_ms,
                           lambda: f"key '{key}' in scope '{scope}'")
 
     def _add(self, scope, key, delta):
         with self._cond:
-            self._check_running()
+            self._check_running(scope)
             entries = self._store.setdefault(scope, {})
             old = entries.get(key, b"0")
             try:
@@ -328,7 +336,7 @@ class RendezvousServer:
         def missing():
             have = self._store.get(scope, {})
             return [k for k in keys if k not in have]
-        self._wait(lambda: True if not missing() else None, timeout_ms,
+        self._wait(scope, lambda: True if not missing() else None, timeout_ms,
                    lambda: f"keys {missing()} in scope '{scope}'")
 
     def _wait_prefix(self, scope, prefix, n, timeout_ms):
@@ -339,7 +347,7 @@ class RendezvousServer:
         def ready():
             entries = matching()
             return entries if len(entries) >= n else None
-        return self._wait(ready, timeout_ms,
+        return self._wait(scope, ready, timeout_ms,
                           lambda: f"{n} keys with prefix '{prefix}' in scope '{scope}' "
                                   f"(have {len(matching())})")
 
@@ -517,6 +525,8 @@ class RendezvousClient:
         return [(r.bytes().decode(), r.bytes()) for _ in range(n)]
 
     def delete_scope(self, scope):
+        """Drops every key of `scope` and closes it: waits in it end, and
+        later requests in it fail, with :class:`wire.ShuttingDownError`."""
         reply, _ = self._call(wire.DELETE_SCOPE, _s(scope))
         self._expect(wire.OK, reply)
 

@@ -18,8 +18,8 @@ import time
 from tfring._store import elastic_protocol as protocol
 from tfring._store import wire
 from tfring._store.rendezvous import RendezvousClient
-from tfring.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
-                                      WorkerRemovedInterrupt)
+from tfring.common.exceptions import (Cause, HorovodInternalError, HostsUpdatedInterrupt,
+                                      WorkerRemovedInterrupt, failure_of)
 
 _TRUE = ("1", "true", "yes", "on")
 # How long a worker waits for a round that includes it, unless the driver
@@ -111,7 +111,7 @@ class _Membership:
                     if wid in info["members"] and self._all_ready(latest, info, deadline):
                         self._export(latest, info)
                         return info
-                    if wid in info["members"]:
+                    if wid in info["members"] and time.monotonic() <= deadline:
                         continue  # a newer round replaced it while waiting
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -120,17 +120,21 @@ class _Membership:
                 time.sleep(_POLL)
 
     def _all_ready(self, r, info, deadline):
-        prefix = protocol.ready_prefix(r)
-        self._call("set", protocol.SCOPE, prefix + self.worker_id, b"1")
-        while True:
-            try:
-                self._call("wait_prefix", protocol.SCOPE, prefix, len(info["members"]), 0.25)
-                return True
-            except wire.WireTimeoutError:
-                if int(self._call("add", protocol.SCOPE, protocol.LATEST, 0)) != r:
-                    return False
-                if time.monotonic() > deadline:
-                    return False
+        scope = protocol.round_scope(r)
+        try:
+            self._call("set", scope, protocol.READY_PREFIX + self.worker_id, b"1")
+            while True:
+                try:
+                    self._call("wait_prefix", scope, protocol.READY_PREFIX,
+                               len(info["members"]), 0.25)
+                    return True
+                except wire.WireTimeoutError:
+                    if int(self._call("add", protocol.SCOPE, protocol.LATEST, 0)) != r:
+                        return False
+                    if time.monotonic() > deadline:
+                        return False
+        except wire.ShuttingDownError:
+            return False  # the driver deleted the round: a newer one replaced it
 
     def _export(self, r, info):
         me = info["members"][self.worker_id]
@@ -141,11 +145,19 @@ class _Membership:
             "TFRING_RENDEZVOUS_SCOPE": protocol.round_scope(r)})
         self.round, self.info = r, info
 
-    def request_reset(self):
-        """Tells the driver this worker's communication in its round broke."""
+    def request_reset(self, lost_rank=None):
+        """Tells the driver this worker's communication in its round broke,
+        and which rank of the round it found gone, when one is known: the
+        driver may not see that worker go (its host is cut off)."""
         try:
             with self.lock:
-                self._call("add", protocol.SCOPE, protocol.reset_key(self.round), 1)
+                scope = protocol.round_scope(self.round)
+                members = (self.info or {}).get("members", {})
+                for wid, member in members.items():
+                    if member.get("rank") == lost_rank and wid != self.worker_id:
+                        self._call("set", scope, protocol.LOST_PREFIX + wid,
+                                   self.worker_id.encode())
+                self._call("add", scope, protocol.RESET, 1)
         except Exception:  # noqa: BLE001 - the driver also sees the lost peer itself
             pass
 
@@ -184,6 +196,11 @@ def _install_excepthook():
 def join_round():
     """Called by ``init()`` in an elastic worker before the TCP start-up."""
     return _membership.join()
+
+
+def round_replaced():
+    """True when the driver has published a round newer than this worker's."""
+    return _membership.latest_round() > _membership.round
 
 
 def current_round():
@@ -293,7 +310,7 @@ class ObjectState(State):
             self._set_attrs()
 
 
-def run_fn(func, reset, is_internal_error):
+def run_fn(func, reset, is_internal_error, stop_cause=None):
     """The retry loop behind the frameworks' ``elastic.run``.
 
     Args:
@@ -302,6 +319,10 @@ def run_fn(func, reset, is_internal_error):
             round).
         is_internal_error: tells whether an exception is a lost peer (to be
             rolled back and retried), not an error of the script.
+        stop_cause: optional; returns (Cause, rank or None) of why the core
+            stopped, or None: the lost rank to report when the exception
+            does not carry it (TensorFlow cancels a graph's other ops
+            without it).
 
     Returns:
         The decorated function.
@@ -325,13 +346,13 @@ def run_fn(func, reset, is_internal_error):
                     return func(state, *args, **kwargs)
                 except HostsUpdatedInterrupt:
                     needs_reset = True
-                except HorovodInternalError:
-                    _roll_back(state)
+                except HorovodInternalError as e:
+                    _roll_back(state, e, stop_cause)
                     needs_reset = True
                 except Exception as e:  # noqa: BLE001 - sorted below
                     if not is_internal_error(e):
                         raise
-                    _roll_back(state)
+                    _roll_back(state, e, stop_cause)
                     needs_reset = True
         except WorkerRemovedInterrupt as e:
             print(f"tfring: {e.message}; leaving the job", file=sys.stderr, flush=True)
@@ -345,7 +366,11 @@ def run_fn(func, reset, is_internal_error):
     return wrapper
 
 
-def _roll_back(state):
-    _membership.request_reset()
+def _roll_back(state, error, stop_cause=None):
+    failure = failure_of(error)
+    if (failure is None or failure[1] is None) and stop_cause is not None:
+        failure = stop_cause()
+    lost = failure[1] if failure is not None and failure[0] is Cause.PEER_FAILURE else None
+    _membership.request_reset(lost)
     state.restore()
 

@@ -13,6 +13,7 @@ import threading
 
 from tfring._store import rendezvous
 from tfring.common import elastic, transports
+from tfring.common.exceptions import cause_from_core
 
 _TRUE = ("1", "true", "yes", "on")
 # Core status code (tf_ops/common/status.h) of a failed precondition.
@@ -128,6 +129,21 @@ def _is_loopback(host):
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
+def _start_in_a_round(init):
+    """Starts the core in the driver's newest round that includes this
+    worker, which decides its rank, size and store scope (see
+    tfring.common.elastic). A start-up that a lost peer broke is tried again
+    in the round the driver has replaced it with by then (the driver closes
+    a replaced round's store scope, so its start-up fails at once); the
+    result of the last try is returned."""
+    while True:
+        elastic.join_round()
+        result = init()  # (code, message, cause, rank)
+        if (result[0] == 0 or not cause_from_core(result[2]).ends_job
+                or not elastic.round_replaced()):
+            return result
+
+
 class Lifecycle:
     """init() and the exit hook of one binding.
 
@@ -186,10 +202,9 @@ class Lifecycle:
                                                "source.", _CAUSE_INVALID_ARGUMENT)
                 _serve_rendezvous_if_asked(self._raise)
                 if elastic.enabled() and not core.is_initialized():
-                    # The driver's round decides this worker's rank, size and
-                    # store scope (see tfring.common.elastic).
-                    elastic.join_round()
-                self._check(getattr(core, transport.core_init)())
+                    self._check(_start_in_a_round(getattr(core, transport.core_init)))
+                else:
+                    self._check(getattr(core, transport.core_init)())
             self.controller_in_use = controller
             if not self._atexit_registered:
                 # Registered after mpi4py's own hook (MPI), so it runs first:

@@ -362,7 +362,13 @@ class Supervisor:
             self._say(f"ranks {format_ranks(never)} never started")
         silent = self._running()
         if silent:
-            self._say(f"ranks {format_ranks(silent)} did not report how they ended")
+            # A rank whose wrapper was never heard of again, on another host:
+            # most often that host is gone (down, cut off the network).
+            remote = sorted({self.ranks[r].host for r in silent
+                             if self.ranks[r].host and self.ranks[r].host != self.hostname})
+            where = (f" (on {', '.join(remote)}: no word from there; is it still reachable?)"
+                     if remote else "")
+            self._say(f"ranks {format_ranks(silent)} did not report how they ended{where}")
 
     def _on_exits(self, exits):
         if exits:

@@ -23,7 +23,7 @@ from tfring.common import basics
 from tfring.common import elastic as _elastic
 from tfring.common import tf_errors
 from tfring.common.elastic import State
-from tfring.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from tfring.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, cause_from_core
 from tfring.tensorflow import functions, mpi_ops
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState",
@@ -47,6 +47,14 @@ def _broadcast(variables):
     # In place, one eager op per variable: a reset (and a new worker's first
     # sync) then traces no function, which costs seconds on a busy machine.
     functions.broadcast_variables(variables, root_rank=0, inplace=True)
+
+
+def _stop_cause():
+    """(Cause, rank or None) of why the core stopped, or None while it runs."""
+    code, _, cause, rank = basics._core().check_initialized()[:4]
+    if code == 0:
+        return None
+    return cause_from_core(cause), (rank if rank >= 0 else None)
 
 
 def _reset():
@@ -84,7 +92,7 @@ def run(func):
         ...     ...
         >>> train(hvd.elastic.ObjectState(epoch=0))
     """
-    return _elastic.run_fn(func, _reset, _is_internal_error)
+    return _elastic.run_fn(func, _reset, _is_internal_error, _stop_cause)
 
 
 class _TensorFlowStateBase(State):

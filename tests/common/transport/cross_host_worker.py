@@ -5,10 +5,12 @@
 Scenarios:
   ring     allreduce/allgather/broadcast across the hosts; prints RESULT ok
            with the topology and the data plane that ran.
-  kill     after a warm-up every rank records its pid; the last rank then
-           SIGKILLs itself while the others wait in an allreduce that needs it.
-  cut      after a warm-up every rank writes DIR/ready.RANK and then waits in
-           an allreduce; the test cuts the last host off the network.
+  kill     after a warm-up every rank records its pid; the others write
+           DIR/entering.RANK and enter an allreduce that needs the last rank,
+           which SIGKILLs itself once every one of those files exists.
+  cut      after a warm-up every rank writes DIR/ready.RANK and then runs
+           64 MB allreduces back to back until one fails; the test cuts the
+           last host off the network while they run.
 Survivors print RESULT aborted <time.time() of the error> <message>; the
 victim of "kill" writes the time.time() of its death into DIR/killed_at.
 """
@@ -50,21 +52,40 @@ def main():
         f.write(str(os.getpid()))
     victim = size - 1
     if SCENARIO == "kill" and rank == victim:
-        time.sleep(1.0)  # the others are waiting in the allreduce by now
+        # The others are at their allreduce (or about to enter it: it fails
+        # all the same, from the moment of the death).
+        wait_for_files([f"entering.{r}" for r in range(size - 1)])
         with open(os.path.join(DIR, "killed_at"), "w") as f:
             f.write(f"{time.time():.3f}")
         os.kill(os.getpid(), signal.SIGKILL)
-    if SCENARIO == "cut":
-        open(os.path.join(DIR, f"ready.{rank}"), "w").close()
-        if rank == victim:
-            time.sleep(60)  # cut off: it must not be the one that ends the job
+    touch("entering" if SCENARIO == "kill" else "ready", rank)
     try:
-        hvd.allreduce(tf.ones([1 << 16]), op=hvd.Sum, name="needs_everyone").numpy()
+        if SCENARIO == "cut":
+            big = tf.ones([16 << 20])  # 64 MB of float32
+            deadline = time.time() + 300
+            while time.time() < deadline:  # until the cut breaks one
+                hvd.allreduce(big, op=hvd.Sum, name="big").numpy()
+        else:
+            hvd.allreduce(tf.ones([1 << 16]), op=hvd.Sum, name="needs_everyone").numpy()
         say("completed")
     except tf.errors.AbortedError as e:
         say("aborted", f"{time.time():.3f}", " ".join(str(e).split()))
     sys.stdout.flush()
     os._exit(1)
+
+
+def touch(what, rank):
+    with open(os.path.join(DIR, f"{what}.{rank}.tmp"), "w"):
+        pass
+    os.replace(os.path.join(DIR, f"{what}.{rank}.tmp"), os.path.join(DIR, f"{what}.{rank}"))
+
+
+def wait_for_files(names, timeout=120):
+    deadline = time.time() + timeout
+    while not all(os.path.exists(os.path.join(DIR, n)) for n in names):
+        if time.time() > deadline:
+            raise TimeoutError(f"no {names} in {DIR} after {timeout} s")
+        time.sleep(0.01)
 
 
 main()

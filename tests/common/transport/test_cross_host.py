@@ -6,6 +6,7 @@ an interface, a rank can die on another host, and a host can be cut off.
 Needs root and `ip netns`; skipped (with the reason) where the machine does
 not allow it. Detection times are printed; run with -s to see them.
 """
+import contextlib
 import glob
 import os
 import re
@@ -24,6 +25,19 @@ DETECTION_BOUND_S = 5.0
 
 pytestmark = pytest.mark.skipif(not netns_support.available(),
                                 reason="needs root and network namespaces (ip netns)")
+
+
+@contextlib.contextmanager
+def _job(hosts, names, scenario, tmp_path, extra_env=None):
+    """tfringrun --tcp with one rank per fake host, as a Popen; killed on the
+    way out if still running (FakeHosts' exit ends what ran inside them)."""
+    proc = _start(hosts, names, scenario, tmp_path, extra_env)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _start(hosts, names, scenario, tmp_path, extra_env=None):
@@ -67,8 +81,8 @@ def _no_rank_left(tmp_path, seconds=5.0):
 def test_ring_across_fake_hosts(np_, tmp_path):
     names = [f"h{i}" for i in range(np_)]
     with netns_support.FakeHosts(names) as hosts:
-        proc = _start(hosts, names, "ring", tmp_path, {"TFRING_CROSS_HOST_MIN_BYTES": "0"})
-        out, _ = proc.communicate(timeout=180)
+        with _job(hosts, names, "ring", tmp_path, {"TFRING_CROSS_HOST_MIN_BYTES": "0"}) as proc:
+            out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-5000:]
     lines = [text for _, text in rank_lines(out) if text.startswith("RESULT")]
     assert len(lines) == np_, out[-5000:]
@@ -90,9 +104,9 @@ def _detection(out, event_time):
 def test_rank_killed_on_another_host_is_named_within_5s(tmp_path):
     names = ["h0", "h1", "h2"]
     with netns_support.FakeHosts(names) as hosts:
-        proc = _start(hosts, names, "kill", tmp_path)
-        out, _ = proc.communicate(timeout=180)
-        _no_rank_left(tmp_path)
+        with _job(hosts, names, "kill", tmp_path) as proc:
+            out, _ = proc.communicate(timeout=180)
+            _no_rank_left(tmp_path)
     assert proc.returncode != 0, out[-5000:]
     killed_at = float((tmp_path / "killed_at").read_text())
     survivors = _detection(out, killed_at)
@@ -103,23 +117,41 @@ def test_rank_killed_on_another_host_is_named_within_5s(tmp_path):
         assert "rank 2" in message and "h2" in message, message
 
 
-def test_host_cut_off_is_detected_by_heartbeat_within_5s(tmp_path):
-    names = ["h0", "h1"]
+def _wait_until(condition, proc, what, timeout=120):
+    """Polls `condition` while tfringrun runs; fails naming `what` after `timeout` s."""
+    deadline = time.time() + timeout
+    while not condition():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"{what}:\n{proc.communicate()[0][-5000:]}")
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_host_cut_in_a_64mb_allreduce_is_named_on_every_survivor_within_5s(np_, tmp_path):
+    names = [f"h{i}" for i in range(np_)]
+    victim = np_ - 1
     with netns_support.FakeHosts(names) as hosts:
-        proc = _start(hosts, names, "cut", tmp_path)
-        deadline = time.time() + 120
-        while not all((tmp_path / f"ready.{r}").exists() for r in range(2)):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-5000:]
-            time.sleep(0.05)
-        time.sleep(0.5)  # both ranks are inside the allreduce
-        cut_at = time.time()
-        hosts.cut("h1")
-        out, _ = proc.communicate(timeout=180)
-        _no_rank_left(tmp_path)
+        with _job(hosts, names, "cut", tmp_path) as proc:
+            _wait_until(lambda: all((tmp_path / f"ready.{r}").exists() for r in range(np_)),
+                        proc, "the ranks never got ready")
+            # Cut once 16 MB more crossed the victim's link: a 64 MB allreduce
+            # is under way (they run back to back), not merely about to start.
+            start = hosts.traffic(names[victim])
+            _wait_until(lambda: hosts.traffic(names[victim]) - start > (16 << 20), proc,
+                        "no allreduce traffic crossed the link")
+            cut_at = time.time()
+            hosts.cut(names[victim])
+            out, _ = proc.communicate(timeout=180)
+            _no_rank_left(tmp_path)
     assert proc.returncode != 0, out[-5000:]
-    survivors = [d for d in _detection(out, cut_at) if d[0] == 0]
-    assert survivors, out[-5000:]
-    rank, seconds, message = survivors[0]
-    print(f"rank 0 learnt that host h1 was cut off after {seconds:.2f} s: {message[:200]}")
-    assert seconds <= DETECTION_BOUND_S, (seconds, message)
-    assert "rank 1" in message and "h1" in message, message
+    survivors = [d for d in _detection(out, cut_at) if d[0] != victim]
+    assert sorted(r for r, _, _ in survivors) == list(range(victim)), out[-5000:]
+    for rank, seconds, message in survivors:
+        print(f"rank {rank} learnt that host h{victim} was cut off after {seconds:.2f} s: "
+              f"{message[:200]}")
+        assert seconds <= DETECTION_BOUND_S, (seconds, message)
+        assert f"rank {victim}" in message and f"h{victim}" in message, message
+    # tfringrun fails and names the host it lost no word from.
+    assert (f"ranks {victim} did not report how they ended (on h{victim}: no word from there; "
+            "is it still reachable?)") in out, out[-5000:]

@@ -16,7 +16,10 @@ Policy:
 * ``-np`` workers start; once the discovery script reports new slots, the
   job grows up to ``--max-np``.
 * A worker that dies (killed, crashed) without reporting an exception is
-  lost: a new round is published without it. Its slot stays empty until
+  lost: a new round is published without it. So is a worker that a peer
+  reports gone (its host went silent: cut off the network, powered off):
+  the driver stops it and leaves it out of the next round at once, without
+  waiting to see its process end. Its slot stays empty until
   the discovery script's line for that host changes (a host that is
   replaced usually reappears with a new count, or after being dropped), so
   a dying machine is not refilled at once. A host with
@@ -32,8 +35,11 @@ Policy:
   ``--elastic-timeout``, then fails naming what it waited for. A worker
   that has not reached ``init()`` after ``--start-timeout`` plus
   ``--elastic-timeout`` is stopped (and counts as lost).
-* The job succeeds when a worker finishes with code 0; the others then get
-  ``--elastic-timeout`` to finish too.
+* The job succeeds when a worker finishes with code 0 and every other
+  member of the last round does too (they get ``--elastic-timeout``). A
+  member that then exits non-zero fails the job with its code (a signal:
+  128 + its number), as in a fixed-size job; a worker lost in an earlier
+  round, or one the driver told to leave, does not count.
 
 Every way out stops and reaps every worker it started.
 """
@@ -119,6 +125,7 @@ class _Worker:
         self.leaving = False      # removed by the discovery script
         self.announced = False    # it reached init() and asked to join
         self.stopping = False     # the driver stopped it for not starting
+        self.cut_off = None       # when its peers found it gone and the driver stopped it
         self.rank = None
         self.spawned_at = time.monotonic()
         self.proc_ended_at = None
@@ -187,6 +194,7 @@ class Driver:
         self.blacklist = {}          # key -> until (monotonic; inf: for good)
         self.rounds = None           # the round bookkeeping, once the store is up
         self.succeeded_at = None
+        self.failed_after = None     # the exit code of a member that failed after that
         self.outcome = None          # (code, message)
         self.signals = []
         self.events = []             # (monotonic, text): for benchmarks and --verbose
@@ -378,9 +386,17 @@ class Driver:
             return
         if self.outcome is not None:
             return
-        words = describe_exit(code)[0]
+        words, shell_code = describe_exit(code)
         if self.succeeded_at is not None:
-            self._say(f"{worker.name()} {words} after the job finished")
+            if was_member and not worker.leaving:
+                # A member of the last round failed: the job failed, as a
+                # rank of a fixed-size job that fails after the others
+                # finished fails it. The others still get their time.
+                self._say(f"{worker.name()} {words} after the job finished; the job failed")
+                if self.failed_after is None:
+                    self.failed_after = shell_code
+            else:
+                self._say(f"{worker.name()} {words} after the job finished")
             return
         self._event(f"{worker.name()} {words}; lost", always=True)
         self.rounds.dirty = True
@@ -416,6 +432,10 @@ class Driver:
     def _check_processes(self):
         now = time.monotonic()
         for worker in self.workers.values():
+            if (worker.cut_off is not None and worker.code is None and worker.proc is not None
+                    and worker.proc.poll() is None and now - worker.cut_off > _GRACE + 2.0):
+                # Its wrapper cannot hear the stop, nor be released to exit.
+                processes.signal_group_and_leader(worker.proc.pid, signal.SIGKILL)
             if worker.code is not None or worker.proc is None:
                 continue
             code = worker.proc.poll()
@@ -441,15 +461,39 @@ class Driver:
             if worker is not None and not worker.announced:
                 worker.announced = True
                 self.rounds.dirty = True
+        for wid, reporter in self.rounds.reported_lost().items():
+            self._cut_off(self.workers.get(wid), self.workers.get(reporter))
+
+    def _cut_off(self, worker, reporter):
+        """Stops a worker that a peer found gone, and leaves it out of the
+        next round, though its process may still look alive from here (its
+        host was cut off the network: its wrapper cannot say anything). Every
+        member's report counts, even one from a worker reported in turn: a
+        survivor may name the peer that passed the failure on before the
+        root cause reaches it, and waiting for a silent worker would hang
+        the next round (at worst a healthy worker is restarted)."""
+        if (worker is None or reporter is None or not worker.alive()
+                or worker.cut_off is not None):
+            return
+        worker.cut_off = time.monotonic()
+        self.rounds.dirty = True
+        self._event(f"{worker.name()} is gone for its peers ({reporter.name()} says so); "
+                    "stopping it", always=True)
+        if worker.conn is not None:
+            worker.conn.stop()
+        if worker.proc is not None:
+            processes.signal_group_and_leader(worker.proc.pid, signal.SIGTERM)
 
     def _publish_if_needed(self):
         if self.outcome is not None or self.succeeded_at is not None:
             return
-        live = [w for w in self.workers.values() if w.alive() and not w.leaving]
+        live = [w for w in self.workers.values() if w.alive() and not w.leaving
+                and w.cut_off is None]
         ready = sorted((w for w in live if w.announced), key=lambda w: w.wid)
         starting = sum(1 for w in live if not w.announced)
         # _check_starting bounds how long the starting workers take.
-        leaving = [w.wid for w in self.workers.values() if w.leaving and w.alive()]
+        leaving = [w.wid for w in self.workers.values()
+                   if (w.leaving or w.cut_off is not None) and w.alive()]
         failure = self.rounds.decide(ready, starting, self._shortfall, leaving)
         if failure is not None:
             self._fail(1, failure)
@@ -540,7 +584,7 @@ class Driver:
             alive = [w for w in self.workers.values() if w.alive()]
             if self.succeeded_at is not None:
                 if not alive:
-                    return 0
+                    return self.failed_after or 0
                 if now - self.succeeded_at > self.elastic_timeout:
                     self._fail(1, f"workers {', '.join(str(w.wid) for w in alive)} did not "
                                   f"finish within --elastic-timeout {self.elastic_timeout:g} s "

@@ -79,11 +79,23 @@ class Rounds:
         announced = {int(key[len("pending/"):]) for key, _ in
                      self.client.wait_prefix(protocol.SCOPE, "pending/", 0, timeout=0)}
         if self.round and self.reset_seen is None:
-            if self.client.add(protocol.SCOPE, protocol.reset_key(self.round), 0) > 0:
+            if self.client.add(protocol.round_scope(self.round), protocol.RESET, 0) > 0:
                 self.reset_seen = time.monotonic()
         if self.reset_seen is not None and time.monotonic() - self.reset_seen > RESET_GRACE:
             self.dirty = True
         return None, announced
+
+    def reported_lost(self):
+        """{worker id: reporter's worker id} of the members of the current
+        round that another member found gone."""
+        if not self.round:
+            return {}
+        try:
+            entries = self.client.wait_prefix(protocol.round_scope(self.round),
+                                              protocol.LOST_PREFIX, 0, timeout=0)
+        except wire.ShuttingDownError:
+            return {}
+        return {int(key[len(protocol.LOST_PREFIX):]): int(value) for key, value in entries}
 
     def decide(self, ready, starting, shortfall, leaving=()):
         """Publishes a new round when one is due and may be.
@@ -153,6 +165,10 @@ class Rounds:
         self.client.set(protocol.SCOPE, protocol.round_key(self.round),
                         protocol.encode_round(self.round, members, removed))
         self.client.add(protocol.SCOPE, protocol.LATEST, 1)
+        if previous:
+            # Its running members no longer need it; the ones still starting
+            # it fail at once and join this round.
+            self.client.delete_scope(protocol.round_scope(previous))
         self.members = members
         self.dirty = False
         self.waiting_since = None
