@@ -53,13 +53,19 @@ void PeerMonitor::set_on_death(std::function<void(int rank)> listener) {
   on_death_ = std::move(listener);
 }
 
+void PeerMonitor::set_transport_probe(std::function<Status()> probe) {
+  std::lock_guard<std::mutex> lock(mu_);
+  transport_probe_ = std::move(probe);
+}
+
 Status PeerMonitor::Check() {
   std::function<void(int)> tell;
+  std::function<Status()> probe;
   int dead = -1;
   Status result;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!failed_.ok() || local_.empty()) return failed_;
+    if (!failed_.ok() || (local_.empty() && !transport_probe_)) return failed_;
     auto now = std::chrono::steady_clock::now();
     if (now - last_check_ < interval_) return failed_;
     last_check_ = now;
@@ -76,8 +82,18 @@ Status PeerMonitor::Check() {
       }
     }
     result = failed_;
+    if (dead < 0) probe = transport_probe_;
   }
   if (dead >= 0 && tell) tell(dead);
+  // Outside the lock: the transport takes its own.
+  if (probe) {
+    Status s = probe();
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.ok()) failed_ = s;
+      result = failed_;
+    }
+  }
   return result;
 }
 

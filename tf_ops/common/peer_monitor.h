@@ -39,6 +39,13 @@ class PeerMonitor {
   // noticed yet sees this one leave first and names it as the cause.
   void set_on_death(std::function<void(int rank)> listener);
 
+  // Asked by Check() (at most once per interval) whether the transport has
+  // failed: a peer that is alive but silent (stopped, or on a host cut off)
+  // is found by the transport's heartbeats, not by the process check, and
+  // waits outside the transport must end then too. Check() then returns the
+  // transport's status, with its cause and rank.
+  void set_transport_probe(std::function<Status()> probe);
+
   static bool ProcessAlive(int pid);
 
   // True when this host's ranks (this process and the watched peers)
@@ -59,6 +66,7 @@ class PeerMonitor {
   std::mutex mu_;
   Status failed_;
   std::function<void(int)> on_death_;
+  std::function<Status()> transport_probe_;
   bool outnumbered_ = false;
 };
 

@@ -83,6 +83,14 @@ class Communicator {
   // close first and blame it. MPI cannot, and ignores it.
   virtual void PeerProcessExited(int rank) { (void)rank; }
 
+  // What ended this transport's connections (a peer found gone, silent or
+  // misbehaving), typed with its cause and rank; OK while it works. Data
+  // planes that wait outside the transport (shared memory) learn of it
+  // through the peer monitor, which asks here: a stopped process is alive
+  // to the monitor, but its silence is seen by the transport. A transport
+  // that cannot tell (MPI) always says OK.
+  virtual Status TransportFailure() { return Status::OK(); }
+
   // Largest tag a caller may use (at least 32767, MPI's guaranteed minimum).
   virtual int max_tag() const { return 32767; }
 

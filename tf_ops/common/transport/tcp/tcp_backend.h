@@ -38,6 +38,10 @@ class TcpBackend : public Backend {
     monitor->set_on_death([world](int rank) {
       if (auto w = world.lock()) w->PeerProcessExited(rank);
     });
+    monitor->set_transport_probe([world]() {
+      auto w = world.lock();
+      return w ? w->TransportFailure() : Status::OK();
+    });
     world_->set_monitor(std::move(monitor));
   }
   void set_hosts(std::vector<std::string> hosts) override { hosts_ = std::move(hosts); }

@@ -56,6 +56,7 @@ class TcpCommunicator : public Communicator {
     return r->world->Test(r, done);
   }
   void Cancel(CommRequestPtr* req) override { req->reset(); }
+  Status TransportFailure() override { return world_->Failure(); }
   void PeerProcessExited(int rank) override {
     if (rank >= 0 && rank < size()) world_->PeerExited(members_[size_t(rank)]);
   }

@@ -199,6 +199,12 @@ class World {
     std::lock_guard<std::mutex> lock(mu_);
     if (peer >= 0 && peer < size() && peer != rank_) Fail(peer, PeerFailure::EXITED, "");
   }
+  // What ended the world (a peer exited, went silent or broke the
+  // protocol); OK while it works.
+  Status Failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return abort_;
+  }
   std::mutex& mu() { return mu_; }
 
  private:
