@@ -1,9 +1,12 @@
 #include "convert.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "tensorflow/core/platform/errors.h"
+
+#include "../common/operations.h"
 
 namespace tfring {
 
@@ -80,5 +83,19 @@ std::string CollectiveKey(const std::string& node_name, const std::string& tenso
 std::string EntryName(const std::string& key, int n, bool grouped, int i) {
   return n > 1 || grouped ? key + "_" + std::to_string(i) : key;
 }
+
+int SetSize(int id) {
+  int rank;
+  std::vector<int> ranks;
+  return GetProcessSet(id, &rank, &ranks).ok() ? static_cast<int>(ranks.size()) : -1;
+}
+int SetRank(int id) {
+  int rank;
+  std::vector<int> ranks;
+  return GetProcessSet(id, &rank, &ranks).ok() ? rank : -1;
+}
+int SetIncluded(int id) { return SetRank(id) >= 0 ? 1 : 0; }
+int QueryLocalSize(int) { return LocalSize(); }
+int QueryLocalRank(int) { return LocalRank(); }
 
 }  // namespace tfring

@@ -34,6 +34,15 @@ std::string CollectiveKey(const std::string& node_name, const std::string& tenso
 // The name of entry `i` of an op that submits `n` entries under `key`.
 std::string EntryName(const std::string& key, int n, bool grouped, int i);
 
+// Topology queries of the graph ops (size_op(), rank_op(), ...), by process
+// set id; the TF kernels answer them per call, the XLA lowering once, as
+// constants of the compiled step. -1 (0 for SetIncluded) when unknown.
+int SetSize(int process_set_id);
+int SetRank(int process_set_id);
+int SetIncluded(int process_set_id);
+int QueryLocalSize(int process_set_id);
+int QueryLocalRank(int process_set_id);
+
 }  // namespace tfring
 
 #endif  // TFRING_TENSORFLOW_CONVERT_H

@@ -417,19 +417,6 @@ class ScalarQueryOp : public tf::OpKernel {
   int process_set_id_ = 0;
 };
 
-int SetSize(int id) {
-  int rank;
-  std::vector<int> ranks;
-  return GetProcessSet(id, &rank, &ranks).ok() ? static_cast<int>(ranks.size()) : -1;
-}
-int SetRank(int id) {
-  int rank;
-  std::vector<int> ranks;
-  return GetProcessSet(id, &rank, &ranks).ok() ? rank : -1;
-}
-int SetIncluded(int id) { return SetRank(id) >= 0 ? 1 : 0; }
-int QueryLocalSize(int) { return LocalSize(); }
-int QueryLocalRank(int) { return LocalRank(); }
 
 #define TFRING_CPU_KERNEL(NAME, CLASS) \
   REGISTER_KERNEL_BUILDER(Name(NAME).Device(::tensorflow::DEVICE_CPU), CLASS)

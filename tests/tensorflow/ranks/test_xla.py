@@ -72,6 +72,12 @@ def test_size_and_rank_are_constants_of_the_step(rank, size):
     assert compiled(lambda: [hvd.size_op(), hvd.rank_op()]) == [size, rank]
 
 
+def test_local_topology_is_constant_of_the_step():
+    got = compiled(lambda: [hvd.local_size_op(), hvd.local_rank_op(),
+                            hvd.process_set_included_op()])
+    assert got == [hvd.local_size(), hvd.local_rank(), 1]
+
+
 # --- Errors -------------------------------------------------------------------
 
 def _error_of(fn):
@@ -114,6 +120,30 @@ def test_allgather_rows_must_agree(rank):
     assert failure_of(error) == (Cause.MISMATCH, None)
     assert "Mismatched ALLGATHER first dimensions for tensor 'ag'" in error.message
     assert "rank 0: 1" in error.message and "rank 1: 2" in error.message
+
+
+_NOT_IN_XLA = {
+    "barrier": ("HorovodBarrier", lambda v: hvd.barrier(name="xla_barrier")),
+    "join": ("HorovodJoin", lambda v: hvd.join()),
+    "variable_broadcast": ("HorovodBroadcastInplaceResource",
+                           lambda v: hvd.broadcast_([v], 0, name="xla_bcast_")),
+}
+
+
+@pytest.mark.parametrize("what", sorted(_NOT_IN_XLA))
+def test_ops_without_a_place_in_xla_say_so_at_compile_time(what):
+    # Every rank fails to compile alike, so nothing is submitted and nothing
+    # waits for a peer; the fixture's next step checks the job goes on.
+    op, build = _NOT_IN_XLA[what]
+    variable = tf.Variable([1.0, 2.0])
+
+    def step():
+        build(variable)  # stateful: kept in the step without being returned
+        return tf.constant(0)
+    error = _error_of(lambda: compiled(step))
+    assert isinstance(error, tf.errors.InvalidArgumentError), error
+    assert f"tfring: {op} " in error.message, error.message
+    assert "cannot run inside an XLA-compiled step" in error.message, error.message
 
 
 @multi_rank

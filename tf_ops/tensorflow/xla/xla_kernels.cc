@@ -161,7 +161,7 @@ class XlaCollective : public XlaCollectiveOp {
 };
 
 // Topology queries are constants of the compiled step.
-template <bool kRank>
+template <int (*Query)(int process_set_id)>
 class XlaTopologyOp : public tf::XlaOpKernel {
  public:
   explicit XlaTopologyOp(tf::OpKernelConstruction* c) : tf::XlaOpKernel(c) {
@@ -169,15 +169,32 @@ class XlaTopologyOp : public tf::XlaOpKernel {
   }
   void Compile(tf::XlaOpKernelContext* ctx) override {
     OP_REQUIRES_OK(ctx, ToTFStatus(CheckInitialized()));
-    int rank = -1;
-    std::vector<int> ranks;
-    const bool known = GetProcessSet(process_set_id_, &rank, &ranks).ok();
-    const int32_t value = !known ? -1 : kRank ? rank : static_cast<int32_t>(ranks.size());
-    ctx->SetOutput(0, xla::ConstantR0<int32_t>(ctx->builder(), value));
+    ctx->SetOutput(0, xla::ConstantR0<int32_t>(ctx->builder(), Query(process_set_id_)));
   }
 
  private:
   int process_set_id_ = 0;
+};
+
+// The ops that have no place in a compiled step fail its compilation with
+// the reason, rather than TensorFlow's generic "unsupported operation":
+// a barrier and a join have no data for XLA to order them by, and the
+// in-place broadcast writes a resource variable, which XLA's custom call
+// cannot.
+class XlaRefused : public tf::XlaOpKernel {
+ public:
+  explicit XlaRefused(tf::OpKernelConstruction* c) : tf::XlaOpKernel(c) {}
+  void Compile(tf::XlaOpKernelContext* ctx) override {
+    const std::string& op = type_string();
+    const std::string what = op == "HorovodBarrier"  ? "barrier()"
+                             : op == "HorovodJoin"   ? "join()"
+                                                     : "broadcast_() of a variable";
+    ctx->SetStatus(::tensorflow::errors::InvalidArgument(
+        "tfring: ", op, " '", name(), "' (", what,
+        ") cannot run inside an XLA-compiled step (jit_compile=True): call it outside the "
+        "compiled function, or compile that function with jit_compile=False. Every other "
+        "collective works inside XLA."));
+  }
 };
 
 using XlaAllreduce = XlaCollective<CollectiveType::ALLREDUCE>;
@@ -194,8 +211,14 @@ REGISTER_XLA_OP(Name("HorovodBroadcast"), XlaBroadcast);
 REGISTER_XLA_OP(Name("HorovodAlltoall").CompileTimeConstantInput("splits"), XlaAlltoall);
 REGISTER_XLA_OP(Name("HorovodReducescatter"), XlaReducescatter);
 REGISTER_XLA_OP(Name("HorovodGroupedReducescatter"), XlaReducescatter);
-REGISTER_XLA_OP(Name("HorovodSize"), XlaTopologyOp<false>);
-REGISTER_XLA_OP(Name("HorovodRank"), XlaTopologyOp<true>);
+REGISTER_XLA_OP(Name("HorovodSize"), XlaTopologyOp<SetSize>);
+REGISTER_XLA_OP(Name("HorovodRank"), XlaTopologyOp<SetRank>);
+REGISTER_XLA_OP(Name("HorovodLocalSize"), XlaTopologyOp<QueryLocalSize>);
+REGISTER_XLA_OP(Name("HorovodLocalRank"), XlaTopologyOp<QueryLocalRank>);
+REGISTER_XLA_OP(Name("HorovodProcessSetIncluded"), XlaTopologyOp<SetIncluded>);
+REGISTER_XLA_OP(Name("HorovodBarrier"), XlaRefused);
+REGISTER_XLA_OP(Name("HorovodJoin"), XlaRefused);
+REGISTER_XLA_OP(Name("HorovodBroadcastInplaceResource"), XlaRefused);
 
 }  // namespace
 }  // namespace tfring
