@@ -11,7 +11,8 @@ Each checkout must hold its own built library (``python setup.py build_ext
 --inplace`` in it). Each part runs from its own checkout (its ``run_all.py``,
 its ``tfring``), alternating which build goes first from round to round, so
 that a load that drifts during the run weighs on both alike. Every launch
-keeps run_all.py's own timeouts. Writes ``OUT/<label>-<round>/`` (run_all's
+keeps run_all.py's own timeouts. A part whose results are there already
+is kept, so a run can be extended by more rounds. Writes ``OUT/<label>-<round>/`` (run_all's
 results and report for that part) and ``OUT/README.md`` (the table, the
 command and the machine's load before and after).
 """
@@ -156,6 +157,10 @@ def main(argv=None):
                 order.reverse()
             for part in parts:
                 for label, checkout in order:
+                    results = os.path.join(out_dir, f"{label}-{r}")
+                    if os.path.exists(os.path.join(results, FILES[part])):
+                        print(f"before_after: {part} of {label}-{r} is there already; kept")
+                        continue
                     code = run_part(checkout, part, os.path.join(out_dir, f"{label}-{r}"),
                                     args.quick, shlex.split(args.run_all_args))
                     codes.append((label, r, part, code))
