@@ -286,6 +286,17 @@ def xla_enabled():
     return bool(xla_enabled_ and xla_enabled_())
 
 
+def _why_no_xla():
+    """Why tfring's collectives may not run inside XLA in this process (a
+    sentence), or None when they may."""
+    if not xla_built():
+        return ("tfring's collectives have no XLA kernels in this build (its TensorFlow "
+                "lacked XLA's headers)")
+    if not xla_enabled():
+        return "TFRING_XLA=0 keeps tfring's collectives out of XLA"
+    return None
+
+
 def rocm_built():
     """False: tfring has no ROCm build."""
     return False

@@ -8,6 +8,7 @@ backward_passes_per_step > 1) before the inner update runs.
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
+from tfring.common import basics
 from tfring.tensorflow.gradient_aggregation import GradientReducer, LocalGradientAggregator
 
 
@@ -18,8 +19,7 @@ def _check_not_xla():
     graph = tf.compat.v1.get_default_graph()
     if not control_flow_util.GraphOrParentsInXlaContext(graph):
         return
-    from tfring.keras.xla import why_no_xla  # xla.py imports this module
-    why = why_no_xla()
+    why = basics._why_no_xla()
     if why is not None:
         raise RuntimeError(
             f"This step is being compiled with XLA, but {why}. Compile the model with "

@@ -16,7 +16,6 @@ import re
 import tensorflow as tf
 
 from tfring.common import basics
-from tfring.keras import xla
 from tfring.tensorflow import mpi_ops
 
 __all__ = ["SyncBatchNormalization"]
@@ -142,7 +141,7 @@ def _define(keras):
                 # Where tfring may not use XLA (TFRING_XLA=0, or no XLA
                 # kernels), this makes Keras's jit_compile="auto" (and True)
                 # leave the model's steps un-XLA'd.
-                self.supports_jit = xla.why_no_xla() is None
+                self.supports_jit = basics._why_no_xla() is None
 
             def _moments(self, inputs, mask):
                 return global_moments(inputs, self._reduction_axes, keepdims=False, mask=mask,

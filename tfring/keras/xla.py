@@ -55,21 +55,10 @@ def _asked_for_auto(requested):
     return isinstance(requested, str) and requested == "auto"
 
 
-def why_no_xla():
-    """Why tfring's collectives may not run inside XLA in this process (a
-    sentence), or None when they may."""
-    if not basics.xla_built():
-        return ("tfring's collectives have no XLA kernels in this build (its TensorFlow "
-                "lacked XLA's headers)")
-    if not basics.xla_enabled():
-        return "TFRING_XLA=0 keeps tfring's collectives out of XLA"
-    return None
-
-
 def settle(model):
     """Makes sure `model`'s train step will not be XLA-compiled if its
     optimizer is a tfring DistributedOptimizer and tfring may not use XLA
-    (:func:`why_no_xla`).
+    (:func:`tfring.common.basics._why_no_xla`).
 
     Raises:
         ValueError: the model was compiled with an explicit jit_compile=True.
@@ -78,7 +67,7 @@ def settle(model):
         return
     if not model.jit_compile:
         return
-    why = why_no_xla()
+    why = basics._why_no_xla()
     if why is None:
         return
     requested = model.__dict__.get(_REQUESTED, "auto")
