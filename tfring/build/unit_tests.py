@@ -25,7 +25,13 @@ _TCP_WORLD = _TCP_WIRE + [
     "transport/tcp/socket.cc", "transport/tcp/rendezvous_client.cc",
     "transport/communicator.cc", "peer_monitor.cc", "logging.cc"]
 UNIT_TEST_SOURCES = {
-    "core_test.cc": _NEGOTIATION_PIECES,
+    "negotiation_test.cc": _NEGOTIATION_PIECES,
+    "response_cache_test.cc": _NEGOTIATION_PIECES,
+    "execution_test.cc": ["executor.cc", "in_flight.cc", "ops/data_plane_selector.cc",
+                          "fusion_buffer.cc", "reduction.cc", "common.cc", "config.cc",
+                          "logging.cc", "tensor_queue.cc"],
+    "adasum_test.cc": ["ops/adasum.cc", "reduction.cc", "common.cc", "logging.cc"],
+    "failures_test.cc": ["peer_monitor.cc", "common.cc", "logging.cc"],
     "speculation_test.cc": _NEGOTIATION_PIECES,
     "reduction_test.cc": ["reduction.cc", "common.cc"],
     "shm_test.cc": ["reduction.cc", "common.cc", "peer_monitor.cc", "logging.cc", "config.cc",

@@ -1,5 +1,5 @@
 // Controllers with a transport made of threads, shared by the C++ tests of
-// negotiation (core_test.cc) and of speculation (speculation_test.cc):
+// negotiation (response_cache_test.cc) and of speculation (speculation_test.cc):
 // several controllers in threads, joined by an in-memory exchange, so the
 // response cache's protocol (bit allreduce + coordinator) runs for real.
 #ifndef TFRING_COMMON_TESTS_CONTROLLER_HARNESS_H
