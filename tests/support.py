@@ -117,6 +117,16 @@ def missing_tool(what):
     pytest.skip(f"needs {what}")
 
 
+def xla_kernels_expected(tf_version):
+    """Whether tfring's collectives have XLA kernels with this TensorFlow:
+    from 2.20 on, whose wheels ship XLA's typed-FFI headers (README, XLA);
+    2.16 to 2.19 run a DistributedOptimizer's step without XLA. The tests of
+    XLA's own path run only where it exists (and fail there if it is
+    missing), not skipped one by one."""
+    major, minor = (int(x) for x in tf_version.split(".")[:2])
+    return (major, minor) >= (2, 20)
+
+
 def missing_gpu(why):
     """Ends a GPU test whose GPU, framework or GPU build is missing (`why`
     says which): a skip, but a failure where ``TFRING_REQUIRE_GPU=1``

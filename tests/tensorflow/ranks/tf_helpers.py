@@ -3,10 +3,13 @@ import contextlib
 
 import numpy as np
 import tensorflow as tf
+from support import xla_kernels_expected
 
 MODES = ["eager", "function", "graph"]
-# For the collectives that run inside XLA (tf.function(jit_compile=True)).
-MODES_WITH_XLA = MODES + ["xla"]
+# For the collectives that run inside XLA (tf.function(jit_compile=True)),
+# where this TensorFlow gives them XLA kernels.
+XLA = xla_kernels_expected(tf.__version__)
+MODES_WITH_XLA = MODES + (["xla"] if XLA else [])
 
 
 def run(mode, build):
