@@ -127,6 +127,15 @@ def xla_kernels_expected(tf_version):
     return (major, minor) >= (2, 20)
 
 
+def skip_module_without_xla_kernels(tf_version):
+    """Skips the calling test module (XLA's own path) where this TensorFlow
+    gives tfring no XLA kernels (see xla_kernels_expected)."""
+    import pytest
+    if not xla_kernels_expected(tf_version):
+        pytest.skip(f"TensorFlow {tf_version} has no XLA typed-FFI headers: tfring's "
+                    "collectives have no XLA kernels there", allow_module_level=True)
+
+
 def missing_gpu(why):
     """Ends a GPU test whose GPU, framework or GPU build is missing (`why`
     says which): a skip, but a failure where ``TFRING_REQUIRE_GPU=1``

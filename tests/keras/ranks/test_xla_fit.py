@@ -3,9 +3,8 @@ XLA and reduces the gradients inside it (tfring/keras/xla.py), and trains to
 the weights the uncompiled step gives. The fallback that TFRING_XLA=0 brings
 back (no XLA, one notice) is tested in test_optimizer.py."""
 import numpy as np
-import pytest
 import tensorflow as tf
-from support import xla_kernels_expected
+from support import skip_module_without_xla_kernels
 
 import tfring.keras as hvd
 import tfring.tensorflow as hvd_tf
@@ -14,9 +13,7 @@ from training_reference import (BATCH, FEATURES, LR, assert_trained_like_referen
 
 keras = tf.keras
 
-if not xla_kernels_expected(tf.__version__):
-    pytest.skip(f"TensorFlow {tf.__version__} has no XLA typed-FFI headers: tfring's "
-                "collectives have no XLA kernels there", allow_module_level=True)
+skip_module_without_xla_kernels(tf.__version__)
 
 
 def cnn(rank):

@@ -10,12 +10,10 @@ from error_helpers import multi_rank, needs_peers  # noqa: F401
 from tf_helpers import DTYPES, assert_close, rank_values
 
 import tfring.tensorflow as hvd
-from support import xla_kernels_expected
+from support import skip_module_without_xla_kernels
 from tfring.common.exceptions import Cause, failure_of
 
-if not xla_kernels_expected(tf.__version__):
-    pytest.skip(f"TensorFlow {tf.__version__} has no XLA typed-FFI headers: tfring's "
-                "collectives have no XLA kernels there", allow_module_level=True)
+skip_module_without_xla_kernels(tf.__version__)
 
 
 @pytest.fixture(autouse=True)
