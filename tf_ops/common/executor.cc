@@ -221,11 +221,43 @@ RunResult Settle(Executor& executor, const Status& s, bool queued) {
   return result;
 }
 
+namespace {
+
+// Whether `slots` can be reduced by the plane tensor by tensor, in one
+// grouped call, rather than packed into the fusion buffer: several tensors,
+// all of them this rank's (a joined rank's zeros need a buffer), and no
+// prescale (which must not touch the caller's inputs).
+bool GroupsWithoutPacking(const DataPlane& plane, const std::vector<ReduceSlot>& slots,
+                          ReduceOp op, double prescale) {
+  if (slots.size() < 2 || op == ReduceOp::ADASUM || prescale != 1.0 || !plane.reduces_groups())
+    return false;
+  for (const ReduceSlot& slot : slots) {
+    if (!slot.input || !slot.output) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 RunResult RunAllreduce(Executor& executor, DataPlane& plane, const std::vector<ReduceSlot>& slots,
                        DataType dtype, ReduceOp op, double prescale, double postscale, int ranks,
                        const PhaseFn& phase) {
   const ReduceOp plane_op = op == ReduceOp::AVERAGE ? ReduceOp::SUM : op;
   bool queued = false;
+  if (GroupsWithoutPacking(plane, slots, op, prescale)) {
+    auto start = Clock::now();
+    Status s = plane.AllreduceGroup(slots, dtype, plane_op);
+    queued |= s.in_progress();
+    phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE), start);
+    // Each output is finished where it lies: for Sum, and for Average at
+    // np=1, that queues nothing.
+    for (const ReduceSlot& slot : slots) {
+      if (Failed(s)) break;
+      s = executor.FinishReduction(slot.output, slot.count, dtype, op, postscale, ranks);
+      queued |= s.in_progress();
+    }
+    return Settle(executor, s, queued);
+  }
   PackedReduction packed;
   auto start = Clock::now();
   Status s = executor.PackAllreduce(slots, dtype, prescale, &packed);

@@ -34,13 +34,6 @@
 
 namespace tfring {
 
-// One tensor of a reduction as this rank sees it.
-struct ReduceSlot {
-  const void* input = nullptr;  // null: this rank contributes zeros (it has joined)
-  void* output = nullptr;       // null: nothing to write back (idem)
-  int64_t count = 0;            // elements
-};
-
 // What PackAllreduce hands to the data plane.
 struct PackedReduction {
   // What the plane reduces: from `input` into `buffer`. Null `input` means

@@ -26,6 +26,13 @@ struct ExecutionContext {
   void* stream = nullptr;  // a cudaStream_t on a GPU
 };
 
+// One tensor of a reduction as this rank sees it.
+struct ReduceSlot {
+  const void* input = nullptr;  // null: this rank contributes zeros (it has joined)
+  void* output = nullptr;       // null: nothing to write back (idem)
+  int64_t count = 0;            // elements
+};
+
 class DataPlane {
  public:
   virtual ~DataPlane() = default;
@@ -87,6 +94,23 @@ class DataPlane {
   virtual Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                                DataType dtype, ReduceOp op) = 0;
   virtual Status Barrier() = 0;
+  // Whether AllreduceGroup() is implemented. A plane that can reduce several
+  // tensors in one call, each from its own input into its own output, spares
+  // the executor the copies into and out of the fusion buffer: NCCL runs a
+  // group of allreduces as one launch, and at np=1 on a GPU those two copies
+  // took twice as long as the allreduce itself.
+  virtual bool reduces_groups() const { return false; }
+  // Reduces each of `tensors` (every input and output present; inputs and
+  // outputs as for Allreduce) across ranks, as one collective. `op` as for
+  // Allreduce.
+  virtual Status AllreduceGroup(const std::vector<ReduceSlot>& tensors, DataType dtype,
+                                ReduceOp op) {
+    (void)tensors;
+    (void)dtype;
+    (void)op;
+    return Status::InvalidArgument(std::string("tfring: the ") + name() +
+                                   " data plane reduces one buffer at a time");
+  }
   // Adasum (ops/adasum.h) in place over tensors of counts[i] elements laid
   // out back to back. Planes that cannot run it say so.
   virtual Status Adasum(void* buffer, const std::vector<int64_t>& counts, DataType dtype) {

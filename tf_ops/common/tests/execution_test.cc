@@ -81,6 +81,22 @@ class FakePlane : public DataPlane {
     work();
     return Status::OK();
   }
+  // With `groups`, a plane that reduces several tensors in one call (NCCL's
+  // grouped allreduces), each from its input into its output.
+  bool reduces_groups() const override { return groups; }
+  Status AllreduceGroup(const std::vector<ReduceSlot>& tensors, DataType dtype,
+                        ReduceOp op) override {
+    CHECK(groups);
+    const size_t before = calls.size();
+    for (const ReduceSlot& t : tensors) {
+      Status s = Allreduce(t.input, t.output, t.count, dtype, op);
+      if (!s.ok() && !s.in_progress()) return s;
+    }
+    calls.resize(before);
+    calls.push_back("allreduce group of " + std::to_string(tensors.size()) + " " +
+                    ReduceOpName(op));
+    return stream ? Status::InProgress() : Status::OK();
+  }
   Status Allgather(const void*, void*, const std::vector<int64_t>&) override { return Status::OK(); }
   Status Broadcast(void*, int64_t, int) override { return Status::OK(); }
   Status Alltoall(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&) override {
@@ -99,6 +115,7 @@ class FakePlane : public DataPlane {
   Status Barrier() override { return Status::OK(); }
 
   std::vector<std::string> calls;
+  bool groups = false;
   bool last_in_place = false;
   std::vector<std::function<void()>>* stream = nullptr;
   int keep = 0;
@@ -333,6 +350,59 @@ static void TestAsyncCompletion() {
   CHECK(stuck.empty() && got.code() == StatusCode::ABORTED && got.message() == "shut down");
 }
 
+// A plane that reduces groups gets fused tensors one by one, in one call,
+// with no copy into or out of the fusion buffer; what needs that buffer (a
+// joined rank's zeros, a prescale that must not touch the inputs) still goes
+// through it.
+static void TestGroupedReduction() {
+  CpuExecutor cpu;
+  FakePlane plane("GROUPS");  // two ranks holding the same values
+  plane.groups = true;
+  float x[2] = {1, 2}, y[3] = {3, 4, 5}, ox[2] = {0, 0}, oy[3] = {0, 0, 0};
+  std::vector<std::string> phases;
+  RunResult run = RunAllreduce(cpu, plane, {{x, ox, 2}, {y, oy, 3}}, DataType::FLOAT32,
+                               ReduceOp::SUM, 1.0, 1.0, 2, Recorder(&phases));
+  CHECK(run.status.ok() && !run.pending);
+  CHECK(ox[0] == 2 && ox[1] == 4 && oy[0] == 6 && oy[2] == 10 && x[0] == 1 && y[2] == 5);
+  CHECK((phases == std::vector<std::string>{"GROUPS_ALLREDUCE"}));
+  CHECK((plane.calls == std::vector<std::string>{"allreduce group of 2 Sum"}));
+  CHECK(cpu.fusion_capacity() == 0);  // the fusion buffer was never needed
+
+  // Average and a postscale are applied to each output where it lies.
+  phases.clear();
+  run = RunAllreduce(cpu, plane, {{x, ox, 2}, {y, oy, 3}}, DataType::FLOAT32, ReduceOp::AVERAGE,
+                     1.0, 3.0, 2, Recorder(&phases));
+  CHECK(run.status.ok() && ox[0] == 3 && ox[1] == 6 && oy[0] == 9 && oy[2] == 15);
+  CHECK(plane.calls.back() == "allreduce group of 2 Sum" && cpu.fusion_capacity() == 0);
+
+  // A prescale, or a joined rank's empty slot, takes the fusion buffer.
+  for (int joined = 0; joined <= 1; ++joined) {
+    phases.clear();
+    std::vector<ReduceSlot> slots = {{x, ox, 2}, {y, oy, 3}};
+    if (joined) slots.push_back({nullptr, nullptr, 4});
+    run = RunAllreduce(cpu, plane, slots, DataType::FLOAT32, ReduceOp::SUM, joined ? 1.0 : 2.0,
+                       1.0, 2, Recorder(&phases));
+    CHECK(run.status.ok() && plane.calls.back() == "allreduce Sum");
+    CHECK((phases == std::vector<std::string>{"MEMCPY_IN_FUSION_BUFFER", "GROUPS_ALLREDUCE",
+                                              "MEMCPY_OUT_FUSION_BUFFER"}));
+    const float f = joined ? 2 : 4;
+    CHECK(ox[0] == 1 * f && ox[1] == 2 * f && oy[2] == 5 * f);
+  }
+  CHECK(cpu.fusion_capacity() > 0);
+
+  // On an asynchronous device the group is queued, and the fence covers it.
+  FakeStreamExecutor gpu(1);
+  FakePlane nccl("FAKE_GPU", true);
+  nccl.groups = true;
+  nccl.stream = &gpu.stream;
+  float a[1] = {7}, b[1] = {8}, oa[1] = {0}, ob[1] = {0};
+  run = RunAllreduce(gpu, nccl, {{a, oa, 1}, {b, ob, 1}}, DataType::FLOAT32, ReduceOp::SUM, 1.0,
+                     1.0, 2, Recorder(&phases));
+  CHECK(run.status.in_progress() && run.pending != nullptr && oa[0] == 0);
+  CHECK(run.pending->Query().in_progress() && run.pending->Query().ok());
+  CHECK(oa[0] == 14 && ob[0] == 16);
+}
+
 // The selector picks by device, then by size.
 static void TestSelectorByDevice() {
   auto* fallback = new FakePlane("MPI");
@@ -380,6 +450,7 @@ int main() {
   TestCpuExecutor();
   TestExecutorTable();
   TestAsyncCompletion();
+  TestGroupedReduction();
   TestSelectorByDevice();
   return CheckExitCode();
 }
