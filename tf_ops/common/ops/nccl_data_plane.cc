@@ -181,6 +181,28 @@ Status NcclDataPlane::Allreduce(int device, GpuStream stream, const void* send, 
   return Finish(comm, stream, "allreduce", done);
 }
 
+Status NcclDataPlane::AllreduceGroup(const std::vector<ReduceSlot>& tensors, DataType dtype,
+                                     ReduceOp op) {
+  TFRING_RETURN_IF_ERROR(CheckReduction(dtype, op, "allreduce"));
+  NcclComm comm = nullptr;
+  TFRING_RETURN_IF_ERROR(Prepare(context_.device, &comm));
+  GpuStream stream = context_.stream;
+  TFRING_RETURN_IF_ERROR(Check(api_->GroupStart(), comm, "ncclGroupStart"));
+  Status queued = Status::OK();
+  for (const ReduceSlot& t : tensors) {
+    if (t.count == 0) continue;
+    queued = Check(api_->AllReduce(t.input, t.output, t.count, dtype, op, comm, stream), comm,
+                   "ncclAllReduce (grouped)");
+    if (!queued.ok()) break;
+  }
+  // The group is closed even after a failed call, so that the communicator
+  // is not left inside it.
+  Status ended = Check(api_->GroupEnd(), comm, "ncclGroupEnd");
+  TFRING_RETURN_IF_ERROR(queued);
+  TFRING_RETURN_IF_ERROR(ended);
+  return Finish(comm, stream, "allreduce", nullptr);
+}
+
 Status NcclDataPlane::Allgather(int device, GpuStream stream, const void* send, void* recv,
                                 const std::vector<int64_t>& recv_bytes, GpuCompletion* done) {
   if (static_cast<int>(recv_bytes.size()) != size_) {

@@ -58,6 +58,11 @@ class NcclDataPlane : public DataPlane {
                   const std::vector<int64_t>& recv_bytes) override;
   Status Reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) override;
+  // One ncclAllReduce per tensor inside one NCCL group, which NCCL runs as
+  // a single launch.
+  bool reduces_groups() const override { return true; }
+  Status AllreduceGroup(const std::vector<ReduceSlot>& tensors, DataType dtype,
+                        ReduceOp op) override;
   // Barriers run on the host planes (the selector never sends one here).
   Status Barrier() override;
 

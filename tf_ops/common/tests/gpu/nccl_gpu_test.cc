@@ -243,11 +243,15 @@ void TestAllreduce(Rig& rig) {
   }
 }
 
-void TestFusedAllreduce(Rig& rig) {
+// Several tensors in one reduction: packed into the fusion buffer when a
+// joined rank's zeros and a prescale need it, else (`grouped`) reduced one by
+// one in a single NCCL group, each in its own memory (the last one in place).
+void TestFusedAllreduce(Rig& rig, bool grouped) {
   const int64_t counts[] = {3, 1000, 1, 4097, 0, 64};
   for (DataType dtype : kDtypes) {
     for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVERAGE, ReduceOp::MAX}) {
       Gpu gpu;
+      const double pre = grouped ? 1.0 : 2.0;
       std::vector<ReduceSlot> tensors;
       std::vector<std::vector<char>> inputs;
       for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); ++i) {
@@ -255,18 +259,23 @@ void TestFusedAllreduce(Rig& rig) {
         ReduceSlot t;
         t.count = counts[i];
         t.input = gpu.Upload(inputs.back());
-        t.output = gpu.Alloc(inputs.back().size());
+        t.output = grouped && i + 1 == sizeof(counts) / sizeof(counts[0])
+                       ? const_cast<void*>(t.input)
+                       : gpu.Alloc(inputs.back().size());
         tensors.push_back(t);
       }
-      // A tensor this rank never submitted (it has joined) takes part as zeros.
-      ReduceSlot joined;
-      joined.count = 17;
-      tensors.push_back(joined);
-      CHECK_OK(rig.Allreduce(tensors, dtype, op, 2.0, 0.5));
-      for (size_t i = 0; i + 1 < tensors.size(); ++i) {
-        const std::vector<char> want = Expected(inputs[i], dtype, counts[i], op, 2.0, 0.5);
+      if (!grouped) {
+        // A tensor this rank never submitted (it has joined) takes part as zeros.
+        ReduceSlot joined;
+        joined.count = 17;
+        tensors.push_back(joined);
+      }
+      CHECK_OK(rig.Allreduce(tensors, dtype, op, pre, 0.5));
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const std::vector<char> want = Expected(inputs[i], dtype, counts[i], op, pre, 0.5);
         CHECK(SameValues(gpu.Download(tensors[i].output, want.size()), want, dtype, counts[i],
-                         "fused allreduce tensor " + std::to_string(i)));
+                         std::string(grouped ? "grouped" : "fused") + " allreduce tensor " +
+                             std::to_string(i)));
       }
     }
   }
@@ -472,7 +481,8 @@ int main() {
     Rig rig(api.get(), &comms, &plane);
     TestAllreduce(rig);
     std::printf("allreduce: %d checks, %d failed\n", g_checks, g_failures);
-    TestFusedAllreduce(rig);
+    TestFusedAllreduce(rig, /*grouped=*/false);
+    TestFusedAllreduce(rig, /*grouped=*/true);
     std::printf("fused allreduce: %d checks, %d failed\n", g_checks, g_failures);
     TestOtherCollectives(rig, stream);
     std::printf("allgather/broadcast/alltoall/reducescatter: %d checks, %d failed\n", g_checks,
