@@ -4,6 +4,7 @@
 #include <chrono>
 #include <mutex>
 #include <pthread.h>
+#include <thread>
 #include <vector>
 
 #include "execution.h"
@@ -33,6 +34,16 @@ constexpr std::chrono::microseconds kInlineGap{500};
 // after each one cost as much as the collective itself.
 constexpr std::chrono::microseconds kInFlightPoll{100};
 constexpr int kInFlightSpins = 200;
+// ... and, however many polls that took, for this long since the device work
+// began: a 256 MB allreduce takes ~200 us on one GPU, and a poll period cut
+// into it cost up to half as much again.
+constexpr std::chrono::microseconds kInFlightSpinTime{2000};
+// How long the loop watches for a new submission before it sleeps, once
+// device work has just ended: the caller that waited for it usually submits
+// again within microseconds, and a sleep and wake-up of this thread cost
+// more than a GPU allreduce of a few MB. Device jobs only: a host job's
+// ranks need their cores for the framework's threads.
+constexpr std::chrono::microseconds kAfterDeviceWork{200};
 
 }  // namespace
 
@@ -256,6 +267,14 @@ bool HasInFlight() {
   return false;
 }
 
+// True while a device is still running collectives this rank started.
+bool HasDeviceWork() {
+  for (const auto& ps : state().process_sets.All()) {
+    if (ps->included() && !ps->in_flight.empty()) return true;
+  }
+  return false;
+}
+
 // Under drive_mu, after a cycle that ran `executed` responses of which the
 // global set's took `negotiation` (for speculated ones: waiting for peers).
 void NoteCycle(int executed, Clock::duration negotiation) {
@@ -322,6 +341,7 @@ void BackgroundLoop() {
   };
   auto idle_wait = cycle_now();
   int in_flight_spins = 0;
+  Clock::time_point in_flight_since{}, device_work_seen{};
   auto last_stall_warning = Clock::now();
   Status why;
   bool broken = false;
@@ -371,13 +391,16 @@ void BackgroundLoop() {
     const Clock::duration cycle = cycle_now();
     const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
     Clock::duration wait = cycle;
+    const auto now = Clock::now();
     if (HasInFlight()) {
       // A device may finish any moment: look again at once for a while, then
       // soon, but never only at the next tick.
-      wait = in_flight_spins < kInFlightSpins ? Clock::duration::zero()
-                                              : std::min<Clock::duration>(cycle, kInFlightPoll);
+      if (in_flight_spins == 0) in_flight_since = now;
+      const bool spin = in_flight_spins < kInFlightSpins || now - in_flight_since < kInFlightSpinTime;
+      wait = spin ? Clock::duration::zero() : std::min<Clock::duration>(cycle, kInFlightPoll);
       ++in_flight_spins;
       idle_wait = cycle;
+      if (HasDeviceWork()) device_work_seen = now;
     } else if (executed == 0 && !pending_after) {
       idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
       wait = idle_wait;
@@ -385,8 +408,13 @@ void BackgroundLoop() {
       idle_wait = cycle;
     }
     if (!HasInFlight()) in_flight_spins = 0;
+    if (wait > Clock::duration::zero() && now - device_work_seen < kAfterDeviceWork) {
+      const auto until = std::min(now + wait, device_work_seen + kAfterDeviceWork);
+      while (!st.wake.load(std::memory_order_acquire) && Clock::now() < until)
+        std::this_thread::yield();
+    }
     std::unique_lock<std::mutex> lock(st.wake_mu);
-    st.wake_cv.wait_for(lock, wait, [&] { return st.wake; });
+    st.wake_cv.wait_for(lock, wait, [&] { return st.wake.load(); });
     st.wake = false;
   }
   {

@@ -59,7 +59,8 @@ struct GlobalState {
   // instead of at the next tick.
   std::mutex wake_mu;
   std::condition_variable wake_cv;
-  bool wake = false;
+  // Atomic so that a loop spinning for new work can watch it without the lock.
+  std::atomic<bool> wake{false};
 
   // The global set's speculation counters, copied by the background thread
   // for GetRuntimeParams (tests check that speculation really happened).
