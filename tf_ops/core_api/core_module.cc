@@ -5,8 +5,9 @@
 // and runs is decided in the core, never here.
 //
 // Threads: Enqueue runs with the GIL released; the core's background thread
-// takes the GIL only to call a Python output allocator and to drop the
-// Python objects a request kept alive. Waiting on a handle releases the GIL.
+// takes the GIL only to call a Python output allocator, and to drop the
+// Python objects a request kept alive when Python let go of the request
+// before it ended. Waiting on a handle releases the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -52,19 +53,30 @@ class PendingCall {
  public:
   explicit PendingCall(int entries) : remaining_(entries), received_splits_(entries) {}
 
-  // `n` entries finished with `s`; the first error is the request's.
+  // `n` entries finished with `s`; the first error is the request's. Runs on
+  // the core's thread, which must not wait for the GIL here: while Python
+  // submits the next collective it holds the GIL, and a completion that
+  // waited for it held up every collective behind it. So the objects kept
+  // alive are dropped by Python (ReleaseKeepAlive), or with the request.
   void Finish(const Status& s, int32_t int_result = -1, int n = 1) {
-    std::shared_ptr<PyRef> drop;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!s.ok() && status_.ok()) status_ = s;
       if (int_result >= 0) int_result_ = int_result;
       remaining_ -= n;
       if (remaining_ > 0) return;
-      drop = std::move(keep_alive_);
     }
     cv_.notify_all();
-    // `drop` goes here, outside the lock: it may need the GIL.
+  }
+  // With the GIL held, once done: the caller's arrays need not outlive the
+  // collective any longer.
+  void ReleaseKeepAlive() {
+    std::shared_ptr<PyRef> drop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (remaining_ > 0) return;
+      drop = std::move(keep_alive_);
+    }
   }
 
   bool Done() {
@@ -287,9 +299,28 @@ PYBIND11_MODULE(_tfring_core, m) {
   m.def("gpu_built", &GpuBuilt);
 
   py::class_<PendingCall, std::shared_ptr<PendingCall>>(m, "PendingCall")
-      .def("done", &PendingCall::Done, py::call_guard<py::gil_scoped_release>())
-      .def("wait", &PendingCall::Wait, py::arg("timeout_s") = -1.0,
-           py::call_guard<py::gil_scoped_release>())
+      .def("done",
+           [](PendingCall& r) {
+             bool done;
+             {
+               py::gil_scoped_release release;
+               done = r.Done();
+             }
+             if (done) r.ReleaseKeepAlive();
+             return done;
+           })
+      .def(
+          "wait",
+          [](PendingCall& r, double timeout_s) {
+            bool done;
+            {
+              py::gil_scoped_release release;
+              done = r.Wait(timeout_s);
+            }
+            if (done) r.ReleaseKeepAlive();
+            return done;
+          },
+          py::arg("timeout_s") = -1.0)
       .def("status",
            [](PendingCall& r) {
              return StatusTuple(r.status());
