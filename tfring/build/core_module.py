@@ -43,10 +43,11 @@ def variant():
     return library.build_variant() or "cpu" + ("" if library.with_mpi() else "-nompi")
 
 
-def build_options(root, workdir, log=library._log):
+def build_options(root, workdir, log=library._log, sources=None):
     """The module's build: :func:`tfring.build.library.host_options` over
     its sources (C++17, the compiler's default ABI), plus the GPU build's
-    options when TFRING_WITH_NCCL=1.
+    options when TFRING_WITH_NCCL=1. ``sources`` replaces the module's own
+    (:func:`translation_units`).
 
     Raises:
         library.ToolMissingError: pybind11, Python's headers or MPICH is
@@ -55,7 +56,7 @@ def build_options(root, workdir, log=library._log):
             made (the message names what is missing).
     """
     cxx_flags = ["-std=c++17"]
-    options = library.host_options(translation_units(root), cxx_flags)
+    options = library.host_options(sources or translation_units(root), cxx_flags)
     cuda = library._load_sibling("cuda")
     try:
         gpu = cuda.cuda_build_options(cxx_flags, root=root, build_dir=workdir, log=log)
@@ -115,3 +116,36 @@ def ensure_module(log=library._log):
 
     return cache.locked_build(entry, build, log=log, name=FILE_NAME,
                                 what="tfring's core module")
+
+
+def build_program(main_source, output, log=library._log):
+    """Builds a C++ program over the core, compiled as the module is (the GPU
+    build's options included, from the same environment), with
+    ``main_source`` in place of the Python binding: for benchmarks that drive
+    the core from C++ as the TensorFlow kernels do, with no Python between
+    collectives. Not cached.
+
+    Args:
+        main_source: the program's own .cc file (defines ``main``).
+        output: where the program is written.
+        log: called with progress lines.
+
+    Returns:
+        ``output``.
+
+    Raises:
+        library.ToolMissingError, library.BuildError: as :func:`ensure_module`.
+
+    Example:
+        >>> core_module.build_program("tf_ops/common/tests/gpu/core_path_bench.cc", "/tmp/bench")
+        '/tmp/bench'
+    """
+    root = library.source_root()
+    workdir = tempfile.mkdtemp(prefix="tfring-program-")
+    try:
+        sources = library.core_translation_units(root) + [main_source]
+        options = build_options(root, workdir, log=log, sources=sources)
+        library.compile_library(output, options, root, log=log, workdir=workdir, shared=False)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return output

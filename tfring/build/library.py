@@ -433,8 +433,9 @@ def _macro_flags(macros):
     return [f"-D{name}" if value is None else f"-D{name}={value}" for name, value in macros]
 
 
-def compile_library(output, options, root, jobs=None, log=_log, workdir=None):
-    """Compiles ``options.sources`` and links them into ``output``.
+def compile_library(output, options, root, jobs=None, log=_log, workdir=None, shared=True):
+    """Compiles ``options.sources`` and links them into ``output``: a shared
+    object, or with ``shared=False`` a program (one source defines main).
 
     Args:
         output: path of the shared object to write (its directory must exist).
@@ -488,7 +489,7 @@ def compile_library(output, options, root, jobs=None, log=_log, workdir=None):
                 for f in futures:
                     f.cancel()
                 raise
-        link = (cxx + ["-shared", "-o", output] + objects
+        link = (cxx + (["-shared"] if shared else []) + ["-o", output] + objects
                 + [f"-L{d}" for d in options.library_dirs]
                 + [f"-l{lib}" for lib in options.libraries] + list(options.extra_link_args))
         proc = subprocess.run(link, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

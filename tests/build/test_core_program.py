@@ -1,0 +1,58 @@
+"""tfring.build.core_module.build_program: a C++ program over the core, here
+the benchmark that drives the whole core path from C++ as the TF kernels do
+(tf_ops/common/tests/gpu/core_path_bench.cc). On this machine it is the CPU
+build: host tensors, with a memcpy as the baseline. It checks the values its
+allreduces wrote and exits non-zero when one is wrong."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import ROOT
+from tfring.build import core_module
+
+SOURCE = os.path.join("tf_ops", "common", "tests", "gpu", "core_path_bench.cc")
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory, monkeypatch_module):
+    # No MPI: the program runs over TCP, and this is the lighter build.
+    monkeypatch_module.setenv("TFRING_WITH_MPI", "0")
+    monkeypatch_module.delenv("TFRING_WITH_NCCL", raising=False)
+    out = str(tmp_path_factory.mktemp("program") / "core_path_bench")
+    assert core_module.build_program(SOURCE, out, log=lambda m: None) == out
+    return out
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def test_core_path_program_runs_every_size_and_mode(program):
+    run = subprocess.run(
+        [sys.executable, "-m", "tfring.runner.launch", "-np", "1", "--tcp", "--timeout", "120",
+         program, "4", "65536", "50", "3"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = [json.loads(line[line.index("{"):]) for line in run.stdout.splitlines() if "{" in line]
+    meta, rows = lines[0], lines[1:]
+    assert meta["gpu"] is False and meta["iters"] == 50
+    sizes = [4 << i for i in range(15)]  # 4 bytes .. 64 KiB, doubling
+    assert [(r["bytes"], r["mode"]) for r in rows] == [
+        (b, m) for b in sizes for m in ("latency", "pipelined")]
+    assert all(r["core_us"] > 0 and r["raw_us"] > 0 and r["ratio"] > 0 for r in rows)
+
+
+def test_core_path_program_needs_one_rank(program):
+    run = subprocess.run(
+        [sys.executable, "-m", "tfring.runner.launch", "-np", "2", "--tcp", "--timeout", "120",
+         program, "4", "4", "1", "1"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    assert run.returncode != 0
+    assert "run at np=1" in run.stdout + run.stderr
