@@ -7,9 +7,13 @@ Three parts, each compared with its baseline in the same run:
    tf_ops/common/tests/gpu/nccl_gpu_bench.cc with nvcc (against the
    libnccl.so.2 that tfring.build.cuda finds); both sides run in the same
    process over the same libnccl.so.2, in alternating rounds.
-2. The whole core path (``tfring.core`` with CuPy arrays: enqueue,
-   negotiation, executor, NCCL) at np=1, latency and pipelined mode, against
-   part 1's raw NCCL figures (benchmarks/gpu_core_worker.py under tfringrun).
+2. The whole core path at np=1, latency and pipelined mode, against raw
+   NCCL: (a) driven from C++ as the TensorFlow kernels drive it (Enqueue with
+   a ready event, completion by callback: tf_ops/common/tests/gpu/
+   core_path_bench.cc, built with tfring.build.core_module.build_program,
+   raw NCCL in the same process); (b) through ``tfring.core`` with CuPy
+   arrays, which adds the Python binding's cost per call, against part 1's
+   raw NCCL figures (benchmarks/gpu_core_worker.py).
 3. Host staging at np=2 on the one GPU, against its parts done by hand: a
    device-to-host copy, the CPU planes on host memory, a host-to-device copy.
    (Needs a GPU build of tfring.core and CuPy; ``--no-core`` skips 2 and 3.)
@@ -72,6 +76,42 @@ def core_part(what, np_, lo, hi, iters, rounds, out_dir):
         if text:
             rows.append(json.loads(text))
     return rows
+
+
+def core_program_part(lo, hi, iters, rounds, out_dir):
+    """Builds and runs core_path_bench under tfringrun at np=1: its rows."""
+    from tfring.build import core_module
+    binary = os.path.join(out_dir, "core_path_bench")
+    source = os.path.join(ROOT, "tf_ops", "common", "tests", "gpu", "core_path_bench.cc")
+    try:
+        core_module.build_program(source, binary, log=lambda m: print(m, flush=True))
+        cmd = [sys.executable, "-m", "tfring.runner.launch", "-np", "1", "--tcp", "--timeout",
+               "400", binary, str(lo << 20), str(hi << 20), str(iters), str(rounds)]
+        print("$ " + " ".join(cmd), flush=True)
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=460, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=ROOT))
+    finally:
+        if os.path.exists(binary):
+            os.remove(binary)  # large; only its figures are kept
+    with open(os.path.join(out_dir, "core_path_bench.log"), "w") as f:
+        f.write(run.stdout + run.stderr)
+    if run.returncode != 0:
+        print(f"core_path_bench failed ({run.returncode}):\n{run.stdout[-5000:]}{run.stderr[-5000:]}")
+        return []
+    rows = [json.loads(line[line.index("{"):]) for line in run.stdout.splitlines()
+            if '"mode"' in line]
+    return rows
+
+
+def core_program_table(rows):
+    lines = ["Whole core path driven from C++ (Enqueue + callback, as the TF kernels) vs raw NCCL "
+             "in the same process, float32 sum, np=1", "",
+             "| size | mode | raw NCCL | core | core algbw | core / raw |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['bytes'] / (1 << 20):g} MB | {r['mode']} | {r['raw_us']:.1f} us | "
+                     f"{r['core_us']:.1f} us | {r['core_algbw_gbs']:.0f} GB/s | "
+                     f"{100 * r['ratio']:.1f}% |")
+    return "\n".join(lines)
 
 
 def core_table(core_rows, raw_rows):
@@ -139,19 +179,24 @@ def main(argv=None):
     meta, rows = records[0], records[1:]
     meta.update(gpu=_smi("name"), driver=_smi("driver_version"), build_command=build_cmd,
                 run_command=run_cmd, seconds=round(time.time() - start, 1))
-    core_rows, staged_rows = [], []
+    os.remove(binary)  # large; only its figures are kept
+    core_rows, staged_rows, program_rows = [], [], []
     if not args.no_core:
+        program_rows = core_program_part(args.min_mb, args.max_mb, args.iters, args.rounds,
+                                         args.out)
         core_rows = core_part("nccl", 1, args.min_mb, args.max_mb, args.iters, args.rounds,
                               args.out)
         staged_rows = core_part("staged", 2, args.min_mb, min(args.max_mb, 64), 1, args.rounds,
                                 args.out)
     with open(os.path.join(args.out, "gpu_allreduce.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows, "core": core_rows, "staged": staged_rows}, f,
-                  indent=1)
+        json.dump({"meta": meta, "rows": rows, "core_program": program_rows, "core": core_rows,
+                   "staged": staged_rows}, f, indent=1)
     header = (f"Executor + NCCL plane vs raw NCCL allreduce, float32, np=1, {meta['device']} "
               f"(driver {meta['driver']}), NCCL {meta['nccl_version']}, "
               f"{meta['iters']} iterations x {meta['rounds']} rounds, median round")
     text = table(rows, header)
+    if program_rows:
+        text += "\n\n" + core_program_table(program_rows)
     if core_rows:
         text += "\n\n" + core_table(core_rows, rows)
     if staged_rows:
@@ -165,11 +210,12 @@ def main(argv=None):
             if ratios:
                 print(f"worst plane / {what}, {mode}, >= 1 MB: {100 * min(ratios):.1f}% "
                       "(target >= 90%)")
-    for mode in ("pipelined", "latency"):
-        ratios = [r["ratio"] for r in core_rows if r.get("ratio") and r["mode"] == mode]
-        if ratios:
-            print(f"worst whole core / raw NCCL, {mode}, >= 1 MB: {100 * min(ratios):.1f}% "
-                  "(target >= 90%)")
+    for label, core in (("from C++", program_rows), ("through tfring.core", core_rows)):
+        for mode in ("pipelined", "latency"):
+            ratios = [r["ratio"] for r in core if r.get("ratio") and r["mode"] == mode]
+            if ratios:
+                print(f"worst whole core ({label}) / raw NCCL, {mode}, >= 1 MB: "
+                      f"{100 * min(ratios):.1f}% (target >= 90%)")
 
 
 if __name__ == "__main__":

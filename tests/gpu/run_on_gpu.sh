@@ -75,7 +75,7 @@ step build 180 $PY -m tfring.build core
 step cpp_harness 150 $PY -m pytest -m gpu tests/common/test_nccl_gpu.py -v -s -p no:cacheprovider
 step core_gpu 220 $PY -m pytest -m gpu tests/gpu/test_core_gpu.py -v -s -p no:cacheprovider \
   --junitxml="$OUT/core_gpu.xml"
-step bench 180 $PY benchmarks/gpu.py --out "$OUT/bench" --iters 20 --rounds 3
+step bench 240 $PY benchmarks/gpu.py --out "$OUT/bench" --iters 20 --rounds 3
 step torch_gpu 150 env TFRING_TORCH_PYTHON="$TORCH_PY" $PY -m pytest -m gpu \
   tests/gpu/test_torch_gpu.py -v -s -p no:cacheprovider --junitxml="$OUT/torch_gpu.xml"
 
