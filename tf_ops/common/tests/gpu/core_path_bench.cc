@@ -1,5 +1,5 @@
 // Allreduce through the whole core, driven from C++ the way the TensorFlow
-// kernels drive it (tf_ops/tensorflow/kernels.cc): every allreduce is a
+// kernels drive it (their kernels.cc): every allreduce is a
 // TensorTableEntry handed to Enqueue, with a ready event recorded on the
 // framework's stream, and it ends in its callback. Between the two: the
 // queue, the background thread, negotiation (the response cache), fusion,
