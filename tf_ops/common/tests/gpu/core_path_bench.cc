@@ -182,12 +182,17 @@ class Completions {
  public:
   DoneCallback Callback() {
     return [this](const Status& s, int32_t) {
+      last_callback_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
         if (error_.empty()) error_ = s.message();
       }
       done_.fetch_add(1, std::memory_order_release);
     };
+  }
+  // When the latest callback ran.
+  Clock::time_point last_callback() const {
+    return Clock::time_point(Clock::duration(last_callback_ns_.load(std::memory_order_relaxed)));
   }
   // Waits, as a framework's thread would, until `n` have ended in all.
   void WaitFor(int64_t n) {
@@ -199,6 +204,7 @@ class Completions {
 
  private:
   std::atomic<int64_t> done_{0};
+  std::atomic<Clock::rep> last_callback_ns_{0};
   std::mutex mu_;
   std::string error_;
 };
@@ -210,6 +216,10 @@ int main(int argc, char** argv) {
   const int64_t max_bytes = argc > 2 ? std::atoll(argv[2]) : (256 << 20);
   const int iters = argc > 3 ? std::atoi(argv[3]) : 100;
   const int rounds = argc > 4 ? std::atoi(argv[4]) : 5;
+  // CORE_PATH_BENCH_NO_READY=1 leaves out the ready events, to show what
+  // they cost (the inputs are then assumed written, which here they are).
+  const char* no_ready = std::getenv("CORE_PATH_BENCH_NO_READY");
+  const bool with_ready_events = no_ready == nullptr || std::string(no_ready) != "1";
   Ok(StartTransport("tcp", TransportArgs()), "starting tfring over TCP");
   if (Size() != 1) Die("run at np=1 (the baseline is a single-rank allreduce)");
   Device device;
@@ -241,8 +251,13 @@ int main(int argc, char** argv) {
         for (int i = 0; i < iters; ++i) device.Raw(send[i % pairs], recv[i % pairs], count, !pipelined);
         device.RawWait();
       };
+      // Latency mode, per collective: in Enqueue (the ready event included),
+      // from Enqueue's return to the callback, from the callback to the
+      // waiting caller (negative when the callback ran before Enqueue returned).
+      std::vector<double> enqueue_t, to_callback_t, to_caller_t;
       auto core_loop = [&] {
         for (int i = 0; i < iters; ++i) {
+          const auto submit = Clock::now();
           TensorTableEntry e;
           e.type = CollectiveType::ALLREDUCE;
           e.name = pipelined ? "pipe." + std::to_string(i) : std::string("latency");
@@ -252,11 +267,18 @@ int main(int argc, char** argv) {
           e.reduce_op = ReduceOp::SUM;
           e.input = send[i % pairs];
           e.output = recv[i % pairs];
-          e.ready_event = device.Ready();
+          if (with_ready_events) e.ready_event = device.Ready();
           e.callback = completions.Callback();
           Ok(Enqueue(kGlobalProcessSetId, std::move(e)), "Enqueue");
+          const auto enqueued = Clock::now();
           ++submitted;
-          if (!pipelined) completions.WaitFor(submitted);
+          if (pipelined) continue;
+          completions.WaitFor(submitted);
+          const auto seen = Clock::now();
+          const auto callback = completions.last_callback();
+          enqueue_t.push_back(std::chrono::duration<double>(enqueued - submit).count());
+          to_callback_t.push_back(std::chrono::duration<double>(callback - enqueued).count());
+          to_caller_t.push_back(std::chrono::duration<double>(seen - callback).count());
         }
         completions.WaitFor(submitted);
       };
@@ -281,10 +303,20 @@ int main(int argc, char** argv) {
         core_t.push_back(std::chrono::duration<double>(t2 - t1).count() / iters);
       }
       const double rt = Median(raw_t), ct = Median(core_t);
+      std::string parts;
+      if (!pipelined) {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf),
+                      ", \"enqueue_us\": %.3f, \"to_callback_us\": %.3f, \"to_caller_us\": %.3f",
+                      Median(enqueue_t) * 1e6, Median(to_callback_t) * 1e6,
+                      Median(to_caller_t) * 1e6);
+        parts = buf;
+      }
       std::printf("{\"bytes\": %lld, \"mode\": \"%s\", \"raw_us\": %.3f, \"core_us\": %.3f, "
-                  "\"raw_algbw_gbs\": %.2f, \"core_algbw_gbs\": %.2f, \"ratio\": %.4f}\n",
+                  "\"raw_algbw_gbs\": %.2f, \"core_algbw_gbs\": %.2f, \"ratio\": %.4f%s}\n",
                   static_cast<long long>(count * sizeof(float)), mode, rt * 1e6, ct * 1e6,
-                  count * sizeof(float) / rt / 1e9, count * sizeof(float) / ct / 1e9, rt / ct);
+                  count * sizeof(float) / rt / 1e9, count * sizeof(float) / ct / 1e9, rt / ct,
+                  parts.c_str());
       std::fflush(stdout);
     }
     for (int k = 0; k < pairs; ++k) {
