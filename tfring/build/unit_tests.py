@@ -41,6 +41,10 @@ UNIT_TEST_SOURCES = {
                                        "transport/tcp/rendezvous_client.cc",
                                        "transport/tcp/topology.cc"],
     "tcp_comm_test.cc": _TCP_WORLD,
+    # One rank of a multi-process job (tests/common/transport/test_tcp_communicator.py).
+    "ranks/tcp_comm_rank.cc": _TCP_WORLD,
+    "peer_frame_test.cc": _TCP_WIRE + ["transport/tcp/peer_frame.cc"],
+    "wait_policy_test.cc": ["transport/communicator.cc", "peer_monitor.cc", "logging.cc"],
     # Every CPU plane over MPI and over TCP (tests/common/ops/test_conformance_cpp.py).
     "conformance_test.cc": _TCP_WORLD + [
         "ops/mpi_data_plane.cc", "ops/ring_data_plane.cc", "ops/hierarchical_data_plane.cc",
