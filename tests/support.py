@@ -30,13 +30,21 @@ SANITIZED_CXX = ["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined
                  "-fno-sanitize-recover=undefined", "-Wall", "-Werror"]
 
 
-def run_sanitized_cpp_test(binary, sources, flags=(), libs=(), build_timeout=900):
-    """Builds a C++ test program under ASan/UBSan and runs it; fails with the
-    compiler's or the program's output unless it reports ", 0 failed".
-    The build is ~1 min of CPU but can take minutes of wall time under load."""
+def build_sanitized_cpp(binary, sources, flags=(), libs=(), build_timeout=900):
+    """Builds a C++ test program under ASan/UBSan; fails with the compiler's
+    output. Returns the binary's path (a str). The build is ~1 min of CPU but
+    can take minutes of wall time under load."""
     build = subprocess.run([*SANITIZED_CXX, *flags, "-o", str(binary), *sources, *libs],
                            capture_output=True, text=True, timeout=build_timeout)
     assert build.returncode == 0, build.stderr
+    return str(binary)
+
+
+def run_sanitized_cpp_test(binary, sources, flags=(), libs=(), build_timeout=900):
+    """Builds a C++ test program under ASan/UBSan (build_sanitized_cpp) and
+    runs it without arguments; fails with the program's output unless it
+    reports ", 0 failed". Returns its stdout."""
+    build_sanitized_cpp(binary, sources, flags, libs, build_timeout)
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert ", 0 failed" in run.stdout

@@ -297,11 +297,19 @@ def test_setup_and_bazel_compile_the_same_tf_kernels():
     assert {"tensorflow/kernels.cc", "tensorflow/xla/custom_call.cc"} <= setup
 
 
+def _gpu_only(piece):
+    # A core file that compiles to nothing without TFRING_WITH_NCCL.
+    with open(os.path.join(ROOT, "tf_ops", "common", *piece.split("/"))) as f:
+        first = next(line for line in f if line.startswith("#"))
+    return first.startswith("#if") and "TFRING_WITH_NCCL" in first
+
+
 def test_bazel_and_unit_tests_list_the_same_test_programs():
     # tfring.build.unit_tests is the one list of the C++ test programs and
     # what they link; Bazel's BUILD makes one cc_test per top-level
     # common/tests/*.cc (CORE_TESTS), links :mpi into MPI_TESTS, and
-    # spells out nccl_plane_test's GPU files. They must agree.
+    # spells out the GPU files of the fake-NCCL tests (NCCL_TESTS). They
+    # must agree.
     with open(os.path.join(ROOT, "tf_ops", "BUILD")) as f:
         build = f.read()
     tests_dir = os.path.join(ROOT, "tf_ops", "common", "tests")
@@ -314,7 +322,17 @@ def test_bazel_and_unit_tests_list_the_same_test_programs():
     for program, pieces in unit_tests.UNIT_TEST_SOURCES.items():
         mpi = [p for p in pieces if library.is_mpi_source(os.path.join("tf_ops", "common", p))]
         assert not mpi or program in unit_tests.MPI_UNIT_TESTS, (program, mpi)
-    nccl = re.search(r'name = "nccl_plane_test".*?srcs = \[(.*?)\]', build, re.S).group(1)
-    nccl_srcs = {s[len("common/"):] for s in re.findall(r'"([^"]+)"', nccl)}
-    assert nccl_srcs - {"tests/nccl_plane_test.cc"} <= set(
-        unit_tests.UNIT_TEST_SOURCES["nccl_plane_test.cc"])
+    nccl_block = re.search(r"NCCL_TESTS = \{(.*?)\n\}", build, re.S).group(1)
+    bazel_nccl = {}
+    for src, gpu_srcs in re.findall(r'"([^"]+)": \[(.*?)\]', nccl_block, re.S):
+        bazel_nccl[src[len("common/tests/"):]] = {
+            s[len("common/"):] for s in re.findall(r'"([^"]+)"', gpu_srcs)}
+    assert sorted(bazel_nccl) == sorted(unit_tests.NCCL_LOGIC_UNIT_TESTS)
+    for program, gpu_srcs in bazel_nccl.items():
+        # :core compiles the GPU files to nothing, so Bazel names each one
+        # the program links.
+        assert gpu_srcs == {p for p in unit_tests.UNIT_TEST_SOURCES[program]
+                            if _gpu_only(p)}, program
+    # Programs in a subfolder (no Bazel cc_test) exist too.
+    for program in unit_tests.UNIT_TEST_SOURCES:
+        assert os.path.isfile(os.path.join(tests_dir, *program.split("/"))), program

@@ -1,23 +1,25 @@
-"""Builds and runs the NCCL data plane's unit tests
-(tf_ops/common/tests/nccl_plane_test.cc) under AddressSanitizer and UBSan,
-with a fake NCCL/CUDA on host memory: no GPU, nccl.h or CUDA toolkit needed,
-so they run in CI. The same plane on a real GPU is tests/common/test_nccl_gpu.py."""
+"""Builds and runs the unit tests of the GPU pieces' logic
+(tf_ops/common/tests/: the NCCL communicators, the NCCL data plane, the GPU
+executors, the hierarchical GPU plane) under AddressSanitizer and UBSan,
+with a fake NCCL/CUDA on host memory (fake_nccl.h): no GPU, nccl.h or CUDA
+toolkit needed, so they run in CI. The same plane on a real GPU is
+tests/common/test_nccl_gpu.py."""
 import os
 
 import pytest
 
 from support import ROOT, run_sanitized_cpp_test
-from tfring.build.unit_tests import unit_test_sources
+from tfring.build.unit_tests import NCCL_LOGIC_UNIT_TESTS, unit_test_sources
 
 CORE = os.path.join(ROOT, "tf_ops", "common")
 
 
 @pytest.mark.needs_tool("g++")
-def test_nccl_plane_unit_tests(tmp_path):
+@pytest.mark.parametrize("program", NCCL_LOGIC_UNIT_TESTS)
+def test_nccl_plane_unit_tests(tmp_path, program):
     # TFRING_NCCL_PLANE_LOGIC compiles the plane's logic, which the CPU
     # library leaves out, without TFRING_WITH_NCCL (which would need nccl.h).
-    run_sanitized_cpp_test(tmp_path / "nccl_plane_test",
-                           unit_test_sources("nccl_plane_test.cc", ROOT),
+    run_sanitized_cpp_test(tmp_path / program[:-len(".cc")], unit_test_sources(program, ROOT),
                            flags=["-DTFRING_NCCL_PLANE_LOGIC"], libs=["-lpthread"])
 
 

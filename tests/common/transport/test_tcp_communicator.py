@@ -1,8 +1,10 @@
 """The TCP communicator (tf_ops/common/transport/tcp/tcp_communicator.*) over
-real sockets: the C++ test program runs in-process worlds under ASan/UBSan,
-then its `rank` mode runs real multi-process jobs (addresses exchanged through
-files) for correctness, a SIGKILLed rank, a SIGSTOPped rank and strangers at a
-rank's listener. Needs neither TensorFlow nor MPI."""
+real sockets, built under ASan/UBSan: in-process worlds (tcp_comm_test.cc),
+then one process per rank (ranks/tcp_comm_rank.cc, addresses exchanged
+through files) for correctness, a SIGKILLed rank, a SIGSTOPped rank and
+strangers at a rank's listener; and the pieces it rests on: the peers'
+framing (peer_frame_test.cc, and a seeded fuzz run) and Communicator::Wait's
+spin-or-block policy (wait_policy_test.cc). Needs neither TensorFlow nor MPI."""
 import os
 import queue
 import random
@@ -13,7 +15,7 @@ import time
 
 import pytest
 
-from support import ROOT, run_sanitized_cpp_test
+from support import ROOT, build_sanitized_cpp, run_sanitized_cpp_test
 from tfring.build.unit_tests import unit_test_sources
 from tfring.runner import wire
 
@@ -22,13 +24,18 @@ pytestmark = pytest.mark.needs_tool("g++")
 
 @pytest.fixture(scope="module")
 def comm_test(tmp_path_factory):
-    """Builds the test program under the sanitizers and runs its in-process
-    tests (worlds of 1, 2 and 3 ranks on threads, worlds re-formed in one
-    process, orderly close, bad arguments); yields the binary."""
-    binary = tmp_path_factory.mktemp("tcp_comm") / "tcp_comm_test"
-    stdout = run_sanitized_cpp_test(binary, unit_test_sources("tcp_comm_test.cc", ROOT),
+    """Builds the in-process test program under the sanitizers and runs it
+    (worlds of 1, 2 and 3 ranks on threads, worlds re-formed in one process,
+    orderly close, bad arguments), then builds the rank program; yields the
+    rank program and the in-process run's output."""
+    out = tmp_path_factory.mktemp("tcp_comm")
+    stdout = run_sanitized_cpp_test(out / "tcp_comm_test",
+                                    unit_test_sources("tcp_comm_test.cc", ROOT),
                                     flags=["-Wextra", "-pthread"])
-    return str(binary), stdout
+    rank = build_sanitized_cpp(out / "tcp_comm_rank",
+                               unit_test_sources("ranks/tcp_comm_rank.cc", ROOT),
+                               flags=["-Wextra", "-pthread"])
+    return rank, stdout
 
 
 def test_in_process_worlds(comm_test):
@@ -36,8 +43,14 @@ def test_in_process_worlds(comm_test):
     assert stdout.strip().endswith(", 0 failed")
 
 
+@pytest.mark.parametrize("program", ["peer_frame_test.cc", "wait_policy_test.cc"])
+def test_unit_programs(tmp_path, program):
+    run_sanitized_cpp_test(tmp_path / program[:-len(".cc")], unit_test_sources(program, ROOT),
+                           flags=["-Wextra", "-pthread"])
+
+
 class Job:
-    """`n` rank processes of the test program; every line they print is
+    """`n` rank processes of the rank program; every line they print is
     collected with the time it arrived. Kills whatever is left on exit."""
 
     def __init__(self, binary, n, workdir, scenario, heartbeat=1.0, secret=None, ranks=None):
@@ -54,7 +67,7 @@ class Job:
     def start(self, rank):
         env = dict(os.environ, TFRING_SECRET=wire.encode_secret(self.secret))
         proc = subprocess.Popen(
-            [self.binary, "rank", str(rank), str(self.n), self.dir, self.scenario,
+            [self.binary, str(rank), str(self.n), self.dir, self.scenario,
              str(self.heartbeat)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=env)
         self.procs[rank] = proc

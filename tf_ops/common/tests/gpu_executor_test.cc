@@ -1,0 +1,115 @@
+// Unit tests of the GPU executors (ops/gpu_executor.*) over a fake
+// NCCL/CUDA on host memory (fake_nccl.h): host staging through the
+// executor's pipeline, and the device executor's primitives (copy, scale,
+// finishing a reduction, zero) and its fence. Built and run by
+// tests/common/test_nccl_cpp.py (ASan/UBSan) and by Bazel as
+// //tf_ops:gpu_executor_test.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../executor.h"
+#include "../ops/data_plane.h"
+#include "../ops/gpu_executor.h"
+#include "check.h"
+#include "fake_gpu_stack.h"
+#include "fake_nccl.h"
+
+using namespace tfring;
+using namespace tfring::test;
+
+namespace {
+
+// Host staging: every tensor crosses into page-locked host memory, the
+// reduction runs there (here a host plane of one rank: a copy), and the
+// result crosses back; the pipeline is the executor's, unchanged.
+void TestHostStaging() {
+  FakeApi api;
+  NcclCommunicators comms(&api, std::make_shared<NcclAbortFlag>());
+  GpuShared shared;
+  shared.api = &api;
+  shared.comms = &comms;
+  shared.events = std::make_shared<GpuEventPool>(&api);
+  std::unique_ptr<Executor> ex;
+  CHECK(HostStagedExecutor::Create(&shared, 0, &ex).ok());
+  // A host "plane" of 2 ranks holding the same data: SUM doubles.
+  struct Doubling : DataPlane {
+    const char* name() const override { return "doubling"; }
+    Status Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp) override {
+      std::vector<float> v(count);
+      std::memcpy(v.data(), in, count * 4);
+      for (auto& x : v) x *= 2;
+      std::memcpy(out, v.data(), count * 4);
+      (void)dtype;
+      return Status::OK();
+    }
+    Status Allgather(const void*, void*, const std::vector<int64_t>&) override { return {}; }
+    Status Broadcast(void*, int64_t, int) override { return {}; }
+    Status Alltoall(const void*, const std::vector<int64_t>&, void*,
+                    const std::vector<int64_t>&) override { return {}; }
+    Status Reducescatter(const void*, void*, const std::vector<int64_t>&, DataType,
+                         ReduceOp) override { return {}; }
+    Status Barrier() override { return {}; }
+  } plane;
+  std::vector<char> in = Floats({1, 2, 3}), out(12);
+  RunResult run = RunAllreduce(*ex, plane, {{in.data(), out.data(), 3}}, DataType::FLOAT32,
+                               ReduceOp::AVERAGE, 1.0, 1.0, 2,
+                               [](const std::string&, std::chrono::steady_clock::time_point) {});
+  CHECK(run.status.in_progress() && run.pending);  // the copy back is queued
+  CHECK(run.pending->Query().ok());
+  CHECK(out == Floats({1, 2, 3}));
+  // In, then out: even a single tensor is not reduced in its own output.
+  CHECK(api.Count("Memcpy") == 2 && shared.staged_copies.load() == 2);
+  // A buffer for the plane is never the tensor itself.
+  CHECK(ex->PlaneBuffer(out.data(), 1, 12) != out.data());
+}
+
+// The GPU executor's primitives and its fence.
+void TestExecutorPrimitives() {
+  GpuRig rig(2, /*device=*/1);
+  FakeApi& api = rig.api;
+  Executor& ex = *rig.executor;
+  CHECK(ex.FusionBuffer(100) != nullptr && api.current_device == 1);
+  std::vector<char> a = Floats({1, 2, 3}), b(12);
+  CHECK(ex.Copy(b.data(), a.data(), 12).ok() && b == a);
+  CHECK(ex.Scale(b.data(), 3, DataType::FLOAT32, 4.0).ok());
+  CHECK(b == Floats({4, 8, 12}));
+  // Average over 4 ranks with postscale 2: x * 2 / 4.
+  CHECK(ex.FinishReduction(b.data(), 3, DataType::FLOAT32, ReduceOp::AVERAGE, 2.0, 4).ok());
+  CHECK(b == Floats({2, 4, 6}));
+  std::vector<char> i = Ints({9, -9, 4});
+  CHECK(ex.FinishReduction(i.data(), 3, DataType::INT32, ReduceOp::AVERAGE, 1.0, 4).ok());
+  CHECK(i == Ints({2, -2, 1}) && api.Logged("Divide 4"));
+  CHECK(ex.Zero(b.data(), 12).ok() && b == Floats({0, 0, 0}));
+  Status s = ex.Scale(b.data(), 3, DataType::BOOL, 2.0);
+  CHECK(s.code() == StatusCode::INVALID_ARGUMENT);
+  // A fence forms no communicator; it watches the device's once formed.
+  std::unique_ptr<DeviceEvent> fence = ex.Fence();
+  CHECK(fence != nullptr && api.Count("CommInitRank") == 0);
+  api.event_states = {EventState::kPending};
+  CHECK(fence->Query().in_progress());
+  CHECK(fence->Query().ok());
+  std::vector<char> x = Floats({1});
+  CHECK(rig.plane->Allreduce(x.data(), x.data(), 1, DataType::FLOAT32, ReduceOp::SUM)
+            .in_progress());
+  fence = ex.Fence();
+  api.event_states = {EventState::kPending};
+  api.async_results = {NcclResult::kRemoteError};
+  s = fence->Query();
+  CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "ncclRemoteError"));
+  // The abort flag ends a fence's wait too, communicator or not.
+  fence = ex.Fence();
+  api.event_states = {EventState::kPending};
+  rig.abort->Request("shutting down");
+  s = fence->Query();
+  CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "shutting down"));
+}
+
+}  // namespace
+
+int main() {
+  TestHostStaging();
+  TestExecutorPrimitives();
+  return CheckExitCode();
+}
