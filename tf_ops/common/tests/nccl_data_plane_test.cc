@@ -103,13 +103,14 @@ void TestFusedAllreduce() {
   CHECK(api.Logged("Malloc 256"));  // the fusion buffer, rounded up
   CHECK(api.Count("Memcpy") == 6 && api.Count("Memset") == 1);
   CHECK(api.Count("AllReduce Sum inplace") == 1);
-  // Smaller next time: the buffer is reused; bigger: it grows.
+  // Smaller next time: the buffer is reused; bigger: it grows. (A prescale
+  // keeps these in the fusion buffer rather than in an NCCL group.)
   std::vector<ReduceSlot> small(t.begin(), t.begin() + 2);
-  CHECK(rig.Allreduce(small, DataType::FLOAT32, ReduceOp::SUM).ok());
+  CHECK(rig.Allreduce(small, DataType::FLOAT32, ReduceOp::SUM, 2.0).ok());
   CHECK(api.Count("Malloc") == 1);
   std::vector<char> big(400 * 4), obig(400 * 4);
   CHECK(rig.Allreduce({{big.data(), obig.data(), 400}, {a.data(), oa.data(), 2}},
-                      DataType::FLOAT32, ReduceOp::SUM).ok());
+                      DataType::FLOAT32, ReduceOp::SUM, 2.0).ok());
   CHECK(api.Count("Malloc") == 2 && api.Count("Free") == 1);
   // One tensor skips the fusion buffer: reduced from its input into its output.
   api.log.clear();
@@ -239,9 +240,39 @@ void TestPolling() {
 
 }  // namespace
 
+// Fused tensors that are all this rank's, with no prescale, go to NCCL as one
+// group of allreduces, each in its own memory: no fusion buffer, no copies.
+void TestGroupedAllreduce() {
+  GpuRig rig(2);
+  FakeApi& api = rig.api;
+  std::vector<char> a = Floats({1, 2}), b = Floats({3}), c = Floats({4, 5, 6});
+  std::vector<char> oa(8), ob(4);
+  CHECK(rig.Allreduce({{a.data(), oa.data(), 2}, {b.data(), ob.data(), 1}, {c.data(), c.data(), 3}},
+                      DataType::FLOAT32, ReduceOp::SUM).ok());
+  CHECK(oa == Floats({2, 4}) && ob == Floats({6}) && c == Floats({8, 10, 12}) && a == Floats({1, 2}));
+  CHECK(api.Count("AllReduce Sum outofplace") == 2 && api.Count("AllReduce Sum inplace") == 1);
+  CHECK(api.Count("Malloc") == 0 && api.Count("Memcpy") == 0 && api.Count("GroupStart") == 1 &&
+        api.Count("GroupEnd") == 1 && api.Count("AllReduce") == 3);
+  // Average over 2 ranks divides each output where it lies.
+  api.log.clear();
+  CHECK(rig.Allreduce({{a.data(), oa.data(), 2}, {b.data(), ob.data(), 1}}, DataType::FLOAT32,
+                      ReduceOp::AVERAGE).ok());
+  CHECK(oa == Floats({1, 2}) && ob == Floats({3}));
+  CHECK(api.Count("Divide 2") == 2 && api.Count("Memcpy") == 0 && api.Count("GroupStart") == 1);
+  // A call NCCL refuses inside the group: the error comes back, the group is closed.
+  api.log.clear();
+  api.collective_result = NcclResult::kInvalidArgument;
+  Status s = rig.Allreduce({{a.data(), oa.data(), 2}, {b.data(), ob.data(), 1}},
+                           DataType::FLOAT32, ReduceOp::SUM);
+  CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "grouped"));
+  CHECK(api.Count("GroupEnd") == 1 && api.Count("AllReduce") == 1);
+  api.collective_result = NcclResult::kSuccess;
+}
+
 int main() {
   TestAllreduce();
   TestFusedAllreduce();
+  TestGroupedAllreduce();
   TestRaggedCollectives();
   TestPolling();
   return CheckExitCode();
