@@ -34,6 +34,13 @@
 
 namespace tfring {
 
+// One copy of several made together (packing or unpacking a fusion buffer).
+struct CopySpan {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  int64_t bytes = 0;
+};
+
 // What PackAllreduce hands to the data plane.
 struct PackedReduction {
   // What the plane reduces: from `input` into `buffer`. Null `input` means
@@ -58,6 +65,8 @@ class Executor {
   // The fusion buffer, at least `bytes` long; valid until the next call.
   virtual void* FusionBuffer(int64_t bytes) = 0;
   virtual Status Copy(void* dst, const void* src, int64_t bytes) = 0;
+  // Every span's copy; a GPU does them in one kernel launch.
+  virtual Status CopyMany(const std::vector<CopySpan>& spans);
   virtual Status Zero(void* dst, int64_t bytes) = 0;
   // buf[i] *= factor (nothing when factor is 1).
   virtual Status Scale(void* buf, int64_t count, DataType dtype, double factor) = 0;

@@ -132,6 +132,22 @@ Status GpuExecutor::Copy(void* dst, const void* src, int64_t bytes) {
   return Cuda(api_->MemcpyAsync(dst, src, bytes, stream_), "cudaMemcpyAsync");
 }
 
+Status GpuExecutor::CopyMany(const std::vector<CopySpan>& spans) {
+  std::vector<void*> dst;
+  std::vector<const void*> src;
+  std::vector<int64_t> bytes;
+  for (const CopySpan& c : spans) {
+    if (c.bytes == 0 || c.dst == c.src) continue;
+    dst.push_back(c.dst);
+    src.push_back(c.src);
+    bytes.push_back(c.bytes);
+  }
+  if (dst.empty()) return Status::OK();
+  return Cuda(api_->CopyBatch(dst.data(), src.data(), bytes.data(), static_cast<int>(dst.size()),
+                              stream_),
+              "the copy kernel");
+}
+
 Status GpuExecutor::Zero(void* dst, int64_t bytes) {
   if (bytes == 0) return Status::OK();
   return Cuda(api_->MemsetAsync(dst, 0, bytes, stream_), "cudaMemsetAsync");

@@ -62,6 +62,9 @@ class GpuExecutor : public Executor {
   ExecutionContext context() const override { return {device_, stream_}; }
   void* FusionBuffer(int64_t bytes) override;
   Status Copy(void* dst, const void* src, int64_t bytes) override;
+  // One copy kernel for all of them (cudaMemcpyAsync each cost more host
+  // time than the GPU needed to copy a few MB).
+  Status CopyMany(const std::vector<CopySpan>& spans) override;
   Status Zero(void* dst, int64_t bytes) override;
   Status Scale(void* buf, int64_t count, DataType dtype, double factor) override;
   Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
@@ -93,6 +96,10 @@ class HostStagedExecutor : public GpuExecutor {
   // are page-locked host memory; scaling runs on the CPU (reduction.h).
   void* FusionBuffer(int64_t bytes) override;
   Status Copy(void* dst, const void* src, int64_t bytes) override;
+  // One counted host-device copy each, by DMA.
+  Status CopyMany(const std::vector<CopySpan>& spans) override {
+    return Executor::CopyMany(spans);
+  }
   Status Zero(void* dst, int64_t bytes) override;
   Status Scale(void* buf, int64_t count, DataType dtype, double factor) override;
   Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,

@@ -129,6 +129,15 @@ class NcclApi {
   // average (integers truncate).
   virtual int Divide(void* buf, int64_t count, DataType dtype, int64_t divisor,
                      GpuStream stream) = 0;
+  // dst[i] <- src[i] (bytes[i] each, i < n) on `stream`, in as few launches
+  // as the implementation can; by default one MemcpyAsync each.
+  virtual int CopyBatch(void* const* dst, const void* const* src, const int64_t* bytes, int n,
+                        GpuStream stream) {
+    for (int i = 0; i < n; ++i) {
+      if (int err = MemcpyAsync(dst[i], src[i], bytes[i], stream)) return err;
+    }
+    return 0;
+  }
 };
 
 }  // namespace tfring

@@ -350,43 +350,44 @@ static void TestAsyncCompletion() {
   CHECK(stuck.empty() && got.code() == StatusCode::ABORTED && got.message() == "shut down");
 }
 
-// A plane that reduces groups gets fused tensors one by one, in one call,
-// with no copy into or out of the fusion buffer; what needs that buffer (a
-// joined rank's zeros, a prescale that must not touch the inputs) still goes
-// through it.
+// A plane that reduces groups gets fused tensors of 4 MB or more on average
+// one by one, in one call, with no copy into or out of the fusion buffer;
+// smaller ones, and what needs that buffer (a joined rank's zeros, a
+// prescale that must not touch the inputs), still go through it.
 static void TestGroupedReduction() {
   CpuExecutor cpu;
   FakePlane plane("GROUPS");  // two ranks holding the same values
   plane.groups = true;
-  float x[2] = {1, 2}, y[3] = {3, 4, 5}, ox[2] = {0, 0}, oy[3] = {0, 0, 0};
+  const int64_t n = 1 << 20;  // 4 MB of floats
+  std::vector<float> x(n, 1.0f), y(n, 3.0f), ox(n), oy(n);
+  x[n - 1] = 2;
   std::vector<std::string> phases;
-  RunResult run = RunAllreduce(cpu, plane, {{x, ox, 2}, {y, oy, 3}}, DataType::FLOAT32,
-                               ReduceOp::SUM, 1.0, 1.0, 2, Recorder(&phases));
+  RunResult run = RunAllreduce(cpu, plane, {{x.data(), ox.data(), n}, {y.data(), oy.data(), n}},
+                               DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, 2, Recorder(&phases));
   CHECK(run.status.ok() && !run.pending);
-  CHECK(ox[0] == 2 && ox[1] == 4 && oy[0] == 6 && oy[2] == 10 && x[0] == 1 && y[2] == 5);
+  CHECK(ox[0] == 2 && ox[n - 1] == 4 && oy[0] == 6 && oy[n - 1] == 6 && x[0] == 1);
   CHECK((phases == std::vector<std::string>{"GROUPS_ALLREDUCE"}));
   CHECK((plane.calls == std::vector<std::string>{"allreduce group of 2 Sum"}));
   CHECK(cpu.fusion_capacity() == 0);  // the fusion buffer was never needed
 
   // Average and a postscale are applied to each output where it lies.
-  phases.clear();
-  run = RunAllreduce(cpu, plane, {{x, ox, 2}, {y, oy, 3}}, DataType::FLOAT32, ReduceOp::AVERAGE,
-                     1.0, 3.0, 2, Recorder(&phases));
-  CHECK(run.status.ok() && ox[0] == 3 && ox[1] == 6 && oy[0] == 9 && oy[2] == 15);
+  run = RunAllreduce(cpu, plane, {{x.data(), ox.data(), n}, {y.data(), oy.data(), n}},
+                     DataType::FLOAT32, ReduceOp::AVERAGE, 1.0, 3.0, 2, Recorder(&phases));
+  CHECK(run.status.ok() && ox[0] == 3 && ox[n - 1] == 6 && oy[0] == 9);
   CHECK(plane.calls.back() == "allreduce group of 2 Sum" && cpu.fusion_capacity() == 0);
 
-  // A prescale, or a joined rank's empty slot, takes the fusion buffer.
-  for (int joined = 0; joined <= 1; ++joined) {
+  // Small tensors, a prescale, or a joined rank's empty slot take the buffer.
+  for (int why = 0; why < 3; ++why) {
     phases.clear();
-    std::vector<ReduceSlot> slots = {{x, ox, 2}, {y, oy, 3}};
-    if (joined) slots.push_back({nullptr, nullptr, 4});
-    run = RunAllreduce(cpu, plane, slots, DataType::FLOAT32, ReduceOp::SUM, joined ? 1.0 : 2.0,
+    std::vector<ReduceSlot> slots = {{x.data(), ox.data(), n}, {y.data(), oy.data(), why ? n : 8}};
+    if (why == 2) slots.push_back({nullptr, nullptr, 4});
+    run = RunAllreduce(cpu, plane, slots, DataType::FLOAT32, ReduceOp::SUM, why == 1 ? 2.0 : 1.0,
                        1.0, 2, Recorder(&phases));
     CHECK(run.status.ok() && plane.calls.back() == "allreduce Sum");
     CHECK((phases == std::vector<std::string>{"MEMCPY_IN_FUSION_BUFFER", "GROUPS_ALLREDUCE",
                                               "MEMCPY_OUT_FUSION_BUFFER"}));
-    const float f = joined ? 2 : 4;
-    CHECK(ox[0] == 1 * f && ox[1] == 2 * f && oy[2] == 5 * f);
+    const float f = why == 1 ? 4 : 2;
+    CHECK(ox[0] == 1 * f && ox[n - 1] == 2 * f && oy[0] == 3 * f);
   }
   CHECK(cpu.fusion_capacity() > 0);
 
@@ -395,12 +396,13 @@ static void TestGroupedReduction() {
   FakePlane nccl("FAKE_GPU", true);
   nccl.groups = true;
   nccl.stream = &gpu.stream;
-  float a[1] = {7}, b[1] = {8}, oa[1] = {0}, ob[1] = {0};
-  run = RunAllreduce(gpu, nccl, {{a, oa, 1}, {b, ob, 1}}, DataType::FLOAT32, ReduceOp::SUM, 1.0,
-                     1.0, 2, Recorder(&phases));
-  CHECK(run.status.in_progress() && run.pending != nullptr && oa[0] == 0);
+  std::fill(ox.begin(), ox.end(), 0.0f);
+  run = RunAllreduce(gpu, nccl, {{x.data(), ox.data(), n}, {y.data(), oy.data(), n}},
+                     DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, 2, Recorder(&phases));
+  CHECK(run.status.in_progress() && run.pending != nullptr && ox[0] == 0);
+  CHECK(nccl.calls.back() == "allreduce group of 2 Sum");
   CHECK(run.pending->Query().in_progress() && run.pending->Query().ok());
-  CHECK(oa[0] == 14 && ob[0] == 16);
+  CHECK(ox[0] == 2 && oy[n - 1] == 6);
 }
 
 // The selector picks by device, then by size.

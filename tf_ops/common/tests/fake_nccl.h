@@ -196,6 +196,12 @@ class FakeApi : public NcclApi {
     std::memmove(dst, src, bytes);
     return 0;
   }
+  int CopyBatch(void* const* dst, const void* const* src, const int64_t* bytes, int n,
+                GpuStream) override {
+    Log("CopyBatch " + std::to_string(n));
+    for (int i = 0; i < n; ++i) std::memmove(dst[i], src[i], bytes[i]);
+    return 0;
+  }
   int MemsetAsync(void* dst, int value, int64_t bytes, GpuStream) override {
     Log("Memset " + std::to_string(bytes));
     std::memset(dst, value, bytes);
@@ -253,10 +259,13 @@ struct FakeBroadcast {
   }
 };
 
-inline std::vector<char> Floats(std::initializer_list<float> v) {
+inline std::vector<char> Floats(const std::vector<float>& v) {
   std::vector<char> b(v.size() * 4);
-  std::memcpy(b.data(), v.begin(), b.size());
+  std::memcpy(b.data(), v.data(), b.size());
   return b;
+}
+inline std::vector<char> Floats(std::initializer_list<float> v) {
+  return Floats(std::vector<float>(v));
 }
 inline std::vector<char> Ints(std::initializer_list<int32_t> v) {
   std::vector<char> b(v.size() * 4);

@@ -101,7 +101,8 @@ void TestFusedAllreduce() {
   CHECK(rig.Allreduce(t, DataType::FLOAT32, ReduceOp::SUM).ok());
   CHECK(oa == Floats({2, 4}) && ob == Floats({6}) && oc == Floats({8, 10, 12}));
   CHECK(api.Logged("Malloc 256"));  // the fusion buffer, rounded up
-  CHECK(api.Count("Memcpy") == 6 && api.Count("Memset") == 1);
+  // One copy kernel packs the three tensors and one unpacks them.
+  CHECK(api.Count("CopyBatch 3") == 2 && api.Count("Memcpy") == 0 && api.Count("Memset") == 1);
   CHECK(api.Count("AllReduce Sum inplace") == 1);
   // Smaller next time: the buffer is reused; bigger: it grows. (A prescale
   // keeps these in the fusion buffer rather than in an NCCL group.)
@@ -240,29 +241,42 @@ void TestPolling() {
 
 }  // namespace
 
-// Fused tensors that are all this rank's, with no prescale, go to NCCL as one
-// group of allreduces, each in its own memory: no fusion buffer, no copies.
+// Fused tensors of 4 MB or more on average, all this rank's, with no
+// prescale, go to NCCL as one group of allreduces, each in its own memory: no
+// fusion buffer, no copies.
 void TestGroupedAllreduce() {
   GpuRig rig(2);
   FakeApi& api = rig.api;
-  std::vector<char> a = Floats({1, 2}), b = Floats({3}), c = Floats({4, 5, 6});
-  std::vector<char> oa(8), ob(4);
-  CHECK(rig.Allreduce({{a.data(), oa.data(), 2}, {b.data(), ob.data(), 1}, {c.data(), c.data(), 3}},
+  const int64_t n = 1 << 20;  // 4 MB of floats
+  std::vector<float> x(n, 1.5f), y(n, -2.0f), z(n, 3.0f);
+  x[n - 1] = 7;
+  std::vector<char> a = Floats(x), b = Floats(y), c = Floats(z);
+  const std::vector<char> a0 = a;
+  std::vector<char> oa(a.size()), ob(b.size());
+  CHECK(rig.Allreduce({{a.data(), oa.data(), n}, {b.data(), ob.data(), n}, {c.data(), c.data(), n}},
                       DataType::FLOAT32, ReduceOp::SUM).ok());
-  CHECK(oa == Floats({2, 4}) && ob == Floats({6}) && c == Floats({8, 10, 12}) && a == Floats({1, 2}));
+  for (float& v : x) v *= 2;
+  for (float& v : y) v *= 2;
+  for (float& v : z) v *= 2;
+  CHECK(oa == Floats(x) && ob == Floats(y) && c == Floats(z) && a == a0);  // input untouched
   CHECK(api.Count("AllReduce Sum outofplace") == 2 && api.Count("AllReduce Sum inplace") == 1);
   CHECK(api.Count("Malloc") == 0 && api.Count("Memcpy") == 0 && api.Count("GroupStart") == 1 &&
         api.Count("GroupEnd") == 1 && api.Count("AllReduce") == 3);
   // Average over 2 ranks divides each output where it lies.
   api.log.clear();
-  CHECK(rig.Allreduce({{a.data(), oa.data(), 2}, {b.data(), ob.data(), 1}}, DataType::FLOAT32,
+  CHECK(rig.Allreduce({{a.data(), oa.data(), n}, {b.data(), ob.data(), n}}, DataType::FLOAT32,
                       ReduceOp::AVERAGE).ok());
-  CHECK(oa == Floats({1, 2}) && ob == Floats({3}));
-  CHECK(api.Count("Divide 2") == 2 && api.Count("Memcpy") == 0 && api.Count("GroupStart") == 1);
+  CHECK(oa == a && ob == b);
+  CHECK(api.Count("Divide 2") == 2 && api.Count("CopyBatch") == 0 && api.Count("GroupStart") == 1);
+  // Smaller tensors are packed instead: two copy kernels beat a launch each.
+  api.log.clear();
+  CHECK(rig.Allreduce({{a.data(), oa.data(), n}, {b.data(), ob.data(), 1000}}, DataType::FLOAT32,
+                      ReduceOp::SUM).ok());
+  CHECK(api.Count("GroupStart") == 0 && api.Count("CopyBatch 2") == 2);
   // A call NCCL refuses inside the group: the error comes back, the group is closed.
   api.log.clear();
   api.collective_result = NcclResult::kInvalidArgument;
-  Status s = rig.Allreduce({{a.data(), oa.data(), 2}, {b.data(), ob.data(), 1}},
+  Status s = rig.Allreduce({{a.data(), oa.data(), n}, {b.data(), ob.data(), n}},
                            DataType::FLOAT32, ReduceOp::SUM);
   CHECK(s.code() == StatusCode::INVALID_ARGUMENT && Contains(s.message(), "grouped"));
   CHECK(api.Count("GroupEnd") == 1 && api.Count("AllReduce") == 1);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "gpu_kernels.h"
@@ -193,6 +194,14 @@ class CudaNcclApi : public NcclApi {
   int Scale(void* dst, const void* src, int64_t count, DataType dtype, double factor,
             GpuStream stream) override {
     return cuda::LaunchScale(dst, src, count, dtype, factor, stream);
+  }
+  int CopyBatch(void* const* dst, const void* const* src, const int64_t* bytes, int n,
+                GpuStream stream) override {
+    for (int i = 0; i < n; i += cuda::kMaxCopyBatch) {
+      const int k = std::min(cuda::kMaxCopyBatch, n - i);
+      if (int err = cuda::LaunchCopyBatch(dst + i, src + i, bytes + i, k, stream)) return err;
+    }
+    return 0;
   }
   int Divide(void* buf, int64_t count, DataType dtype, int64_t divisor,
              GpuStream stream) override {

@@ -15,6 +15,12 @@ int Blocks(int64_t n) {
   return static_cast<int>(b < 4096 ? (b < 1 ? 1 : b) : 4096);
 }
 
+// Blocks per copy of a batch: one per 64 KB of the largest, up to 64.
+unsigned CopyBlocks(int64_t largest) {
+  const int64_t b = (largest + 65535) / 65536;
+  return static_cast<unsigned>(b < 64 ? (b < 1 ? 1 : b) : 64);
+}
+
 // In double, rounded once to T: the CPU's ScaleBuffer (reduction.cc), bit
 // for bit, integers truncating.
 template <typename T>
@@ -64,6 +70,31 @@ __global__ void DivideKernel(T* buf, int64_t n, T divisor) {
   }
 }
 
+struct CopyBatch {
+  void* dst[kMaxCopyBatch];
+  const void* src[kMaxCopyBatch];
+  long long bytes[kMaxCopyBatch];
+};
+
+// Copy blockIdx.y of the batch, its blocks striding over it: 16 bytes at a
+// time where both ends are 16-byte aligned, then the tail byte by byte.
+__global__ void CopyBatchKernel(CopyBatch batch) {
+  char* dst = static_cast<char*>(batch.dst[blockIdx.y]);
+  const char* src = static_cast<const char*>(batch.src[blockIdx.y]);
+  const long long bytes = batch.bytes[blockIdx.y];
+  const long long start = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  const long long step = static_cast<long long>(blockDim.x) * gridDim.x;
+  long long done = 0;
+  if (((reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src)) &
+       15) == 0) {
+    const long long vectors = bytes / 16;
+    for (long long i = start; i < vectors; i += step)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    done = vectors * 16;
+  }
+  for (long long i = done + start; i < bytes; i += step) dst[i] = src[i];
+}
+
 template <typename T>
 int ScaleAny(void* dst, const void* src, int64_t n, double factor, cudaStream_t s) {
   ScaleKernel<T><<<Blocks(n), kThreads, 0, s>>>(static_cast<T*>(dst),
@@ -105,6 +136,23 @@ int LaunchScale(void* dst, const void* src, int64_t n, DataType dtype, double fa
     case DataType::BOOL: break;
   }
   return cudaErrorInvalidValue;
+}
+
+int LaunchCopyBatch(void* const* dst, const void* const* src, const int64_t* bytes, int n,
+                    void* stream) {
+  if (n <= 0) return cudaSuccess;
+  if (n > kMaxCopyBatch) return cudaErrorInvalidValue;
+  CopyBatch batch;
+  int64_t largest = 0;
+  for (int i = 0; i < n; ++i) {
+    batch.dst[i] = dst[i];
+    batch.src[i] = src[i];
+    batch.bytes[i] = bytes[i];
+    largest = bytes[i] > largest ? bytes[i] : largest;
+  }
+  CopyBatchKernel<<<dim3(CopyBlocks(largest), n), kThreads, 0,
+                    static_cast<cudaStream_t>(stream)>>>(batch);
+  return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchDivide(void* buf, int64_t n, DataType dtype, int64_t d, void* stream) {

@@ -21,6 +21,15 @@ int LaunchScale(void* dst, const void* src, int64_t count, DataType dtype, doubl
 // for integers; float16/bfloat16 in float, rounded). bool is refused.
 int LaunchDivide(void* buf, int64_t count, DataType dtype, int64_t divisor, void* stream);
 
+// The most copies one LaunchCopyBatch takes (its arguments travel as kernel
+// parameters, which CUDA caps at 4 KB).
+constexpr int kMaxCopyBatch = 64;
+// dst[i] <- src[i], bytes[i] bytes each, for i < n <= kMaxCopyBatch, in one
+// kernel: packing a fusion buffer with one cudaMemcpyAsync per tensor cost
+// more host time than the GPU needs to copy a few MB.
+int LaunchCopyBatch(void* const* dst, const void* const* src, const int64_t* bytes, int n,
+                    void* stream);
+
 }  // namespace cuda
 }  // namespace tfring
 

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -51,6 +52,21 @@ extern "C" __global__ void scale_f16(u16* d, const u16* s, i64 n, double f) { LO
 extern "C" __global__ void scale_bf16(u16* d, const u16* s, i64 n, double f) { LOOP d[i] = f2b((float)((double)b2f(s[i]) * f)); }
 extern "C" __global__ void divide_f16(u16* b, i64 n, i64 q) { LOOP b[i] = f2h(h2f(b[i]) / (float)q); }
 extern "C" __global__ void divide_bf16(u16* b, i64 n, i64 q) { LOOP b[i] = f2b(b2f(b[i]) / (float)q); }
+struct CopyBatch { char* dst[64]; const char* src[64]; i64 bytes[64]; };
+struct alignas(16) v16 { unsigned long long a, b; };
+extern "C" __global__ void copy_batch(CopyBatch batch) {
+  char* dst = batch.dst[blockIdx.y];
+  const char* src = batch.src[blockIdx.y];
+  const i64 bytes = batch.bytes[blockIdx.y];
+  const i64 start = blockIdx.x * (i64)blockDim.x + threadIdx.x, step = (i64)blockDim.x * gridDim.x;
+  i64 done = 0;
+  if ((((unsigned long long)dst | (unsigned long long)src) & 15) == 0) {
+    const i64 vectors = bytes / 16;
+    for (i64 i = start; i < vectors; i += step) ((v16*)dst)[i] = ((const v16*)src)[i];
+    done = vectors * 16;
+  }
+  for (i64 i = done + start; i < bytes; i += step) dst[i] = src[i];
+}
 )CUDA";
 
 const char* Suffix(DataType dtype) {
@@ -231,6 +247,35 @@ int LaunchScale(void* dst, const void* src, int64_t n, DataType dtype, double fa
   long long count = n;
   void* args[] = {&dst, const_cast<void**>(&src), &count, &factor};
   return Launch(std::string("scale_") + suffix, n, args, stream);
+}
+
+int LaunchCopyBatch(void* const* dst, const void* const* src, const int64_t* bytes, int n,
+                    void* stream) {
+  if (n <= 0) return cudaSuccess;
+  if (n > kMaxCopyBatch) return cudaErrorInvalidValue;
+  // The kernel's parameter, laid out as in kSource's CopyBatch.
+  struct {
+    void* dst[kMaxCopyBatch];
+    const void* src[kMaxCopyBatch];
+    long long bytes[kMaxCopyBatch];
+  } batch;
+  int64_t largest = 0;
+  for (int i = 0; i < n; ++i) {
+    batch.dst[i] = dst[i];
+    batch.src[i] = src[i];
+    batch.bytes[i] = bytes[i];
+    largest = std::max(largest, bytes[i]);
+  }
+  cudaKernel_t k = nullptr;
+  int err = KernelFor("copy_batch", &k);
+  if (err != 0) return err;
+  // One block per 64 KB of the largest copy, up to 64, for each copy.
+  const unsigned per_copy = static_cast<unsigned>(std::min<int64_t>(64, std::max<int64_t>(1, (largest + 65535) / 65536)));
+  void* args[] = {&batch};
+  return static_cast<int>(cudaLaunchKernel(reinterpret_cast<const void*>(k),
+                                           dim3(per_copy, static_cast<unsigned>(n)),
+                                           dim3(kThreads), args, 0,
+                                           static_cast<cudaStream_t>(stream)));
 }
 
 int LaunchDivide(void* buf, int64_t n, DataType dtype, int64_t divisor, void* stream) {

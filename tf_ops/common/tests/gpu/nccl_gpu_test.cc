@@ -243,23 +243,25 @@ void TestAllreduce(Rig& rig) {
   }
 }
 
-// Several tensors in one reduction: packed into the fusion buffer when a
-// joined rank's zeros and a prescale need it, else (`grouped`) reduced one by
-// one in a single NCCL group, each in its own memory (the last one in place).
+// Several tensors in one reduction: small ones packed into the fusion buffer
+// by the copy kernel (with a joined rank's zeros and a prescale), or
+// (`grouped`: 4 MB and more on average, no prescale) reduced one by one in a
+// single NCCL group, each in its own memory (the last one in place).
 void TestFusedAllreduce(Rig& rig, bool grouped) {
-  const int64_t counts[] = {3, 1000, 1, 4097, 0, 64};
+  const std::vector<int64_t> counts = grouped ? std::vector<int64_t>{3, 3 << 20, 3 << 20}
+                                              : std::vector<int64_t>{3, 1000, 1, 4097, 0, 64};
   for (DataType dtype : kDtypes) {
     for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVERAGE, ReduceOp::MAX}) {
       Gpu gpu;
       const double pre = grouped ? 1.0 : 2.0;
       std::vector<ReduceSlot> tensors;
       std::vector<std::vector<char>> inputs;
-      for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); ++i) {
+      for (size_t i = 0; i < counts.size(); ++i) {
         inputs.push_back(HostValues(dtype, counts[i], int(i)));
         ReduceSlot t;
         t.count = counts[i];
         t.input = gpu.Upload(inputs.back());
-        t.output = grouped && i + 1 == sizeof(counts) / sizeof(counts[0])
+        t.output = grouped && i + 1 == counts.size()
                        ? const_cast<void*>(t.input)
                        : gpu.Alloc(inputs.back().size());
         tensors.push_back(t);
