@@ -84,16 +84,14 @@ int RunFailure(Bus* bus, int rank, int size, const char* how) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  JobArgs args;
-  if (!ParseJobArgs(argc, argv, &args)) return 2;
-  int failed = 0;
-  for (int size : args.sizes) {
+  // Each job is given 60 s, whatever --timeout says.
+  return ShmTestMain("shm_failures_test", argc, argv, [](int size, double) {
+    int failed = 0;
     for (const char* how : {"kill", "exit", "leave", "kill-broadcast"}) {
       std::printf("== np=%d: a rank %ss mid-job\n", size, how);
       failed += RunJob(size, 60, [how](Bus* b, int r, int n) { return RunFailure(b, r, n, how); },
                        true);
     }
-  }
-  std::printf("shm_failures_test: %s\n", failed == 0 ? "all passed" : "FAILED");
-  return failed == 0 ? 0 : 1;
+    return failed;
+  });
 }

@@ -264,6 +264,19 @@ inline bool ParseJobArgs(int argc, char** argv, JobArgs* args, const MoreArgs& m
   return true;
 }
 
+// The main of a shm test program: parses the options, runs `jobs` for each
+// np (returning how many failed) and prints "<program>: all passed" or
+// "<program>: FAILED"; returns the exit status.
+inline int ShmTestMain(const char* program, int argc, char** argv,
+                       const std::function<int(int size, double timeout)>& jobs) {
+  JobArgs args;
+  if (!ParseJobArgs(argc, argv, &args)) return 2;
+  int failed = 0;
+  for (int size : args.sizes) failed += jobs(size, args.timeout);
+  std::printf("%s: %s\n", program, failed == 0 ? "all passed" : "FAILED");
+  return failed == 0 ? 0 : 1;
+}
+
 }  // namespace test
 }  // namespace tfring
 

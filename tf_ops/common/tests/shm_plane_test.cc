@@ -228,13 +228,8 @@ int RunCorrectness(Bus* bus, int rank, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  JobArgs args;
-  if (!ParseJobArgs(argc, argv, &args)) return 2;
-  int failed = 0;
-  for (int size : args.sizes) {
+  return ShmTestMain("shm_plane_test", argc, argv, [](int size, double timeout) {
     std::printf("== np=%d: collectives\n", size);
-    failed += RunJob(size, args.timeout, RunCorrectness);
-  }
-  std::printf("shm_plane_test: %s\n", failed == 0 ? "all passed" : "FAILED");
-  return failed == 0 ? 0 : 1;
+    return RunJob(size, timeout, RunCorrectness);
+  });
 }
