@@ -2,8 +2,8 @@
 built from a base revision's sources (default ``main``) against the plane in
 this tree, in one run, launches alternating.
 
-Both binaries are the C++ shm bench (``tf_ops/common/tests/shm_test.cc
---bench``: forked ranks, no TF, no MPI) from this tree, compiled once with
+Both binaries are the C++ shm bench (``tf_ops/common/tests/bench/shm_bench.cc``:
+forked ranks, no TF, no MPI) from this tree, compiled once with
 the base's ``tf_ops/common`` and once with this tree's, with the op
 library's optimisation flags. The rounds alternate which plane runs first;
 every launch records the load average before it. Per collective, size and
@@ -31,8 +31,12 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["reduction.cc", "common.cc", "peer_monitor.cc", "logging.cc", "config.cc",
-           "fusion_buffer.cc", "ops/shm_segment.cc", "ops/shm_data_plane.cc"]
+sys.path.insert(0, ROOT)
+from tfring.build.unit_tests import UNIT_TEST_SOURCES  # noqa: E402
+
+BENCH = "bench/shm_bench.cc"
+# The bench's own file and the test headers it includes, taken from this tree.
+BENCH_FILES = [BENCH, "shm_job.h", "check.h"]
 FLAGS = ["g++", "-std=c++17", "-O2", "-DNDEBUG", "-fvect-cost-model=cheap", "-pthread"]
 LINE = re.compile(r"np=(\d+) (\S+)\s+(\d+) bytes: median\s+([\d.]+) us \(min\s+([\d.]+)\)"
                   r".*rank-0 CPU\s+([\d.]+) us")
@@ -52,17 +56,18 @@ def human(nbytes):
 
 
 def build(common_dir, binary):
-    """The bench from this tree's shm_test.cc over the core in `common_dir`."""
+    """The bench from this tree's bench/shm_bench.cc over the core in
+    `common_dir` (the files this tree's unit_tests.UNIT_TEST_SOURCES lists)."""
     tests = os.path.join(common_dir, "tests")
-    os.makedirs(tests, exist_ok=True)
-    for name in ("shm_test.cc", "check.h"):
-        src = os.path.join(ROOT, "tf_ops", "common", "tests", name)
-        dst = os.path.join(tests, name)
+    for name in BENCH_FILES:
+        src = os.path.join(ROOT, "tf_ops", "common", "tests", *name.split("/"))
+        dst = os.path.join(tests, *name.split("/"))
         if os.path.abspath(src) != os.path.abspath(dst):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
             with open(src) as f, open(dst, "w") as g:
                 g.write(f.read())
-    cmd = FLAGS + ["-o", binary, os.path.join(tests, "shm_test.cc")] + [
-        os.path.join(common_dir, s) for s in SOURCES]
+    cmd = FLAGS + ["-o", binary, os.path.join(tests, *BENCH.split("/"))] + [
+        os.path.join(common_dir, *s.split("/")) for s in UNIT_TEST_SOURCES[BENCH]]
     subprocess.run(cmd, check=True, timeout=900)
     return cmd
 
@@ -105,7 +110,7 @@ def main():
             for coll in collectives:
                 order = labels if rnd % 2 == 0 else labels[::-1]
                 for label in order:
-                    cmd = [binaries[label], "--bench", "--np", str(np_), "--collective", coll,
+                    cmd = [binaries[label], "--np", str(np_), "--collective", coll,
                            "--timeout", "600"]
                     for b in sizes:
                         cmd += ["--bytes", str(b)]

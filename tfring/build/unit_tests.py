@@ -26,6 +26,10 @@ _TCP_WORLD = _TCP_WIRE + [
     "transport/tcp/world.cc", "transport/tcp/liveness.cc", "transport/tcp/peer_frame.cc",
     "transport/tcp/socket.cc", "transport/tcp/rendezvous_client.cc",
     "transport/communicator.cc", "peer_monitor.cc", "logging.cc"]
+# The shared-memory data plane over its forked jobs (shm_job.h).
+_SHM_PLANE = [
+    "reduction.cc", "common.cc", "peer_monitor.cc", "logging.cc", "config.cc", "fusion_buffer.cc",
+    "ops/shm_segment.cc", "ops/shm_data_plane.cc", "ops/shm_single_copy.cc"]
 # The executor's pipeline over a GPU executor and the NCCL plane (fake_gpu_stack.h).
 _GPU_PIPELINE = [
     "ops/nccl_communicators.cc", "ops/nccl_data_plane.cc", "ops/gpu_executor.cc", "executor.cc",
@@ -40,9 +44,10 @@ UNIT_TEST_SOURCES = {
     "failures_test.cc": ["peer_monitor.cc", "common.cc", "logging.cc"],
     "speculation_test.cc": _NEGOTIATION_PIECES,
     "reduction_test.cc": ["reduction.cc", "common.cc"],
-    "shm_test.cc": ["reduction.cc", "common.cc", "peer_monitor.cc", "logging.cc", "config.cc",
-                    "fusion_buffer.cc", "ops/shm_segment.cc", "ops/shm_data_plane.cc",
-                    "ops/shm_single_copy.cc"],
+    "shm_plane_test.cc": _SHM_PLANE,
+    "shm_failures_test.cc": _SHM_PLANE,
+    # The shm plane's bench (benchmarks/shm_rank_order.py).
+    "bench/shm_bench.cc": _SHM_PLANE,
     "tcp_client_test.cc": _TCP_WIRE + ["transport/tcp/socket.cc",
                                        "transport/tcp/rendezvous_client.cc",
                                        "transport/tcp/topology.cc"],

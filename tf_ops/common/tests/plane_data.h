@@ -1,4 +1,4 @@
-// Test data for the data-plane tests (conformance_test.cc, shm_test.cc):
+// Test data for the data-plane tests (conformance_test.cc, shm_plane_test.cc):
 // values every rank can compute for every other rank, so that a check needs
 // no collective of the transport under test, and the serial reference.
 #ifndef TFRING_COMMON_TESTS_PLANE_DATA_H
