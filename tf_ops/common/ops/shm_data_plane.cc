@@ -61,7 +61,7 @@ namespace {
 
 constexpr int64_t kPage = 4096;
 // A rank's work per step stays in its L2 cache at this size (see
-// benchmarks/shm_vs_mpi.py and the shm_test bench mode for the tuning).
+// benchmarks/shm_vs_mpi.py and tests/bench/shm_bench for the tuning).
 constexpr int64_t kDefaultSlotBytes = 512 * 1024;
 // The segment stays well under Docker's default 64 MiB /dev/shm.
 constexpr int64_t kMaxSegmentBytes = 32 * 1024 * 1024;
@@ -69,7 +69,7 @@ constexpr int64_t kMaxSegmentBytes = 32 * 1024 * 1024;
 constexpr int64_t kDefaultSmallAllreduceBytes = 64 * 1024;
 // From here broadcasts and allgathers read the source rank's memory directly
 // when single copy is on: below it, the staged path's few steps from cache
-// beat a system call and two exchanges (shm_test --bench --compare: 1 MB
+// beat a system call and two exchanges (tests/bench/shm_bench --compare: 1 MB
 // took 85 us staged, 114 us single copy).
 constexpr int64_t kDefaultSingleCopyMinBytes = 2 * 1024 * 1024;
 

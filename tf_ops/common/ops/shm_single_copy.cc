@@ -13,7 +13,7 @@
 // path instead.
 //
 // It is opt-in (ShmOptions::single_copy, TFRING_SHM_SINGLE_COPY=1). On the
-// 2-core test host under load, alone (shm_test --bench --compare) it matched
+// 2-core test host under load, alone (tests/bench/shm_bench --compare) it matched
 // the staged path's time with 40% less CPU on a broadcast's root, but inside
 // TensorFlow's processes a 64 MB broadcast or allgather took 23-29 ms with
 // it against 10-25 ms staged (interleaved launches, np=2): the staged copies
