@@ -32,12 +32,17 @@ def monkeypatch_module():
         yield mp
 
 
-def test_core_path_program_runs_every_size_and_mode(program):
-    run = subprocess.run(
-        [sys.executable, "-m", "tfring.runner.launch", "-np", "1", "--tcp", "--timeout", "120",
-         program, "4", "65536", "50", "3"],
+def _launch(np_, program, *args):
+    """The program on `np_` ranks under tfringrun --tcp."""
+    return subprocess.run(
+        [sys.executable, "-m", "tfring.runner.launch", "-np", str(np_), "--tcp", "--timeout",
+         "120", program, *args],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def test_core_path_program_runs_every_size_and_mode(program):
+    run = _launch(1, program, "4", "65536", "50", "3")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [json.loads(line[line.index("{"):]) for line in run.stdout.splitlines() if "{" in line]
     meta, rows = lines[0], lines[1:]
@@ -49,10 +54,6 @@ def test_core_path_program_runs_every_size_and_mode(program):
 
 
 def test_core_path_program_needs_one_rank(program):
-    run = subprocess.run(
-        [sys.executable, "-m", "tfring.runner.launch", "-np", "2", "--tcp", "--timeout", "120",
-         program, "4", "4", "1", "1"],
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=ROOT))
+    run = _launch(2, program, "4", "4", "1", "1")
     assert run.returncode != 0
     assert "run at np=1" in run.stdout + run.stderr
