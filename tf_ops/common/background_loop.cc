@@ -337,11 +337,6 @@ void BackgroundLoop() {
   // A name in /proc/<pid>/task/*/comm, so profiles (benchmarks/training.py
   // --profile, perf, top -H) can tell this thread's CPU from TF's.
   pthread_setname_np(pthread_self(), "tfring-bg");
-#ifdef __linux__
-  // The loop's short waits (a 100 us poll of a running GPU collective) would
-  // otherwise each run up to 50 us late, the kernel's default timer slack.
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-#endif
   using Clock = std::chrono::steady_clock;
   auto cycle_now = [&] {
     return std::chrono::duration_cast<Clock::duration>(
@@ -350,6 +345,13 @@ void BackgroundLoop() {
   auto idle_wait = cycle_now();
   int in_flight_spins = 0;
   Clock::time_point in_flight_since{}, device_work_seen{};
+  // Set once this rank has run device work: from then on the loop's short
+  // waits must be short. A timed wait, even one whose timeout has already
+  // passed, sleeps until the kernel's timer slack runs out (50 us by
+  // default), which put 60 us between a GPU collective's launch and its next
+  // poll. Host-only jobs keep the default: there that pause between rounds
+  // leaves the cores to the framework's threads.
+  bool device_timing = false;
   auto last_stall_warning = Clock::now();
   Status why;
   bool broken = false;
@@ -408,7 +410,15 @@ void BackgroundLoop() {
       wait = spin ? Clock::duration::zero() : std::min<Clock::duration>(cycle, kInFlightPoll);
       ++in_flight_spins;
       idle_wait = cycle;
-      if (HasDeviceWork()) device_work_seen = now;
+      if (HasDeviceWork()) {
+        device_work_seen = now;
+        if (!device_timing) {
+#ifdef __linux__
+          prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+#endif
+          device_timing = true;
+        }
+      }
     } else if (executed == 0 && !pending_after) {
       idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
       wait = idle_wait;
@@ -421,12 +431,10 @@ void BackgroundLoop() {
       while (!st.wake.load(std::memory_order_acquire) && Clock::now() < until)
         std::this_thread::yield();
     }
-    if (wait == Clock::duration::zero()) {
-      // Straight on, without a timed wait: even an already expired timeout
-      // sleeps until the timer's slack runs out (50 us by default), which
-      // put 60 us between a GPU collective's launch and the next poll.
-      // Clearing the flag first loses nothing: the next cycle reads the
-      // queue that a submitter filled before setting it.
+    if (wait == Clock::duration::zero() && device_timing) {
+      // Straight on, without a timed wait (see device_timing). Clearing the
+      // flag first loses nothing: the next cycle reads the queue that a
+      // submitter filled before setting it.
       st.wake.store(false, std::memory_order_release);
       continue;
     }
