@@ -103,10 +103,11 @@ def core_program_part(lo, hi, iters, rounds, out_dir):
     return rows
 
 
-def core_program_table(rows):
-    lines = ["Whole core path driven from C++ (Enqueue + callback, as the TF kernels) vs raw NCCL "
-             "in the same process, float32 sum, np=1", "",
-             "| size | mode | raw NCCL | core | core algbw | core / raw |", "|---|---|---|---|---|---|"]
+def _core_path_table(title, rows):
+    """A markdown table of whole-core-path rows (bytes, mode, raw_us, core_us,
+    core_algbw_gbs, ratio)."""
+    lines = [title, "", "| size | mode | raw NCCL | core | core algbw | core / raw |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['bytes'] / (1 << 20):g} MB | {r['mode']} | {r['raw_us']:.1f} us | "
                      f"{r['core_us']:.1f} us | {r['core_algbw_gbs']:.0f} GB/s | "
@@ -114,18 +115,24 @@ def core_program_table(rows):
     return "\n".join(lines)
 
 
+def core_program_table(rows):
+    return _core_path_table("Whole core path driven from C++ (Enqueue + callback, as the TF "
+                            "kernels) vs raw NCCL in the same process, float32 sum, np=1", rows)
+
+
 def core_table(core_rows, raw_rows):
+    """tfring.core's rows against part 1's raw NCCL figures; sets each row's ratio."""
     raw = {(r["bytes"], r["mode"]): r for r in raw_rows if r["op"] == "sum"}
-    lines = ["Whole core path (tfring.core, CuPy, np=1) vs raw NCCL (part 1), float32 sum", "",
-             "| size | mode | raw NCCL | core | core algbw | core / raw |", "|---|---|---|---|---|---|"]
+    matched = []
     for r in core_rows:
         base = raw.get((r["bytes"], r["mode"]))
         if base is None:
             continue
         r["ratio"] = base["raw_us"] / r["us"]
-        lines.append(f"| {r['bytes'] / (1 << 20):g} MB | {r['mode']} | {base['raw_us']:.1f} us | "
-                     f"{r['us']:.1f} us | {r['algbw_gbs']:.0f} GB/s | {100 * r['ratio']:.1f}% |")
-    return "\n".join(lines)
+        matched.append(dict(bytes=r["bytes"], mode=r["mode"], raw_us=base["raw_us"],
+                            core_us=r["us"], core_algbw_gbs=r["algbw_gbs"], ratio=r["ratio"]))
+    return _core_path_table(
+        "Whole core path (tfring.core, CuPy, np=1) vs raw NCCL (part 1), float32 sum", matched)
 
 
 def staged_table(rows):
