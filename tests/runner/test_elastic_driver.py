@@ -216,3 +216,18 @@ def test_publishing_a_round_deletes_the_previous_rounds_scope(np_):
                 c.get(protocol.round_scope(r), "reg/h/0", timeout=5)
         assert c.get(protocol.round_scope(np_), "reg/h/0", timeout=5) == b"x"
         assert rounds.round == np_ and [w.rank for w in workers[:1]] == [0]
+
+
+def test_shortfall_does_not_count_a_worker_its_peers_reported_lost():
+    # A worker cut off by its peers may not have exited yet. The round
+    # decision leaves it out; the "waiting for N more" line must count the
+    # same workers, or it says "0 more ... 2 running" while the job waits.
+    from tfring.runner.elastic.driver import _LOCAL, Driver, _Worker
+    driver = Driver(["true"], np=2, min_np=2, max_np=2, discovery_script="true")
+    driver.hosts = {_LOCAL: ("localhost", 2)}
+    for wid in range(2):
+        driver.workers[wid] = _Worker(wid, "localhost", local=True)
+    driver.workers[1].cut_off = 1.0
+    text = driver._shortfall("waiting for")
+    assert text.startswith("waiting for 1 more worker slot(s): --min-np is 2 and "
+                           "1 worker(s) are running"), text

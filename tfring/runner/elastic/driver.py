@@ -487,8 +487,7 @@ class Driver:
     def _publish_if_needed(self):
         if self.outcome is not None or self.succeeded_at is not None:
             return
-        live = [w for w in self.workers.values() if w.alive() and not w.leaving
-                and w.cut_off is None]
+        live = self._members()
         ready = sorted((w for w in live if w.announced), key=lambda w: w.wid)
         starting = sum(1 for w in live if not w.announced)
         # _check_starting bounds how long the starting workers take.
@@ -498,8 +497,15 @@ class Driver:
         if failure is not None:
             self._fail(1, failure)
 
+    def _members(self):
+        """Workers that can be in the next round. A worker its peers reported
+        lost is not one, though its process may not have exited yet: the
+        shortfall message counts the same workers the round decision does."""
+        return [w for w in self.workers.values() if w.alive() and not w.leaving
+                and w.cut_off is None]
+
     def _shortfall(self, what):
-        live = [w for w in self.workers.values() if w.alive() and not w.leaving]
+        live = self._members()
         hosts = ", ".join(f"{self._host_name(k)}: {self.hosts[k][1]} slots"
                           + (f" ({self.held[k]} held after lost workers)" if self.held.get(k)
                              else "") + (" blacklisted" if k in self.blacklist else "")
