@@ -18,6 +18,17 @@ class DeviceEvent {
   // device's error (which then fails the collectives waiting on it). Never
   // blocks; called from the background thread only.
   virtual Status Query() = 0;
+  // Whether QueueWait can make a device stream wait for this event. A
+  // collective whose inputs have such events is negotiated at once, and the
+  // device, not the background thread, holds it back until they are written:
+  // the launch overlaps the producer's kernels instead of following them.
+  virtual bool waits_on_device() const { return false; }
+  // Makes the work queued on `stream` (a cudaStream_t on a GPU) after this
+  // call wait, on the device, until this event has happened. Never blocks.
+  virtual Status QueueWait(void* stream) {
+    (void)stream;
+    return Status::Unknown("tfring: this event cannot be waited for on a device stream");
+  }
 };
 
 }  // namespace tfring

@@ -65,20 +65,31 @@ Status Route(ProcessSet& ps, CollectiveType type, int32_t device, int64_t bytes,
 namespace {
 
 // Completes `entries` with the run's verdict now, or once the device has
-// finished. `keep` (scratch outputs) lives until then; a failed `alloc`
-// overrides a successful run.
+// finished. `keep` (scratch outputs) lives until then; a failure of this
+// rank's own (`local`: its input never became ready, its output could not
+// be allocated) overrides a successful run.
 void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, RunResult run,
-                      Status alloc = Status::OK(), std::shared_ptr<void> keep = nullptr) {
+                      Status local = Status::OK(), std::shared_ptr<void> keep = nullptr) {
   if (!run.status.in_progress()) {
-    const Status s = alloc.ok() ? run.status : alloc;
+    const Status s = local.ok() ? run.status : local;
     for (auto& e : entries) Complete(e, s);
     return;
   }
   auto held = std::make_shared<std::vector<TensorTableEntry>>(std::move(entries));
-  ps.in_flight.Add(std::move(run.pending), [held, alloc, keep](const Status& s) {
-    for (auto& e : *held) Complete(e, alloc.ok() ? s : alloc);
+  ps.in_flight.Add(std::move(run.pending), [held, local, keep](const Status& s) {
+    for (auto& e : *held) Complete(e, local.ok() ? s : local);
   });
 }
+
+// Holds what `executor` queues next until `e`'s input is written (its ready
+// event). On failure the rank still takes part in the collective, which
+// the other ranks are in already; only its own result is an error.
+Status AwaitInput(Executor& executor, const TensorTableEntry& e) {
+  return e.ready_event ? executor.AwaitInput(*e.ready_event) : Status::OK();
+}
+
+// The first failure of this rank's own, or OK.
+Status FirstFailure(const Status& a, const Status& b) { return a.ok() ? b : a; }
 
 // InProgress is not a failure: the step has been queued on the device.
 bool Failed(const Status& s) { return !s.ok() && !s.in_progress(); }
@@ -144,14 +155,16 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
     // sends it to one that does.
     plane = ps.data_plane.get();
   }
+  Status inputs;
   if (run.status.ok()) {
+    for (const auto& e : mine) inputs = FirstFailure(inputs, AwaitInput(*executor, e));
     auto phase = [&r](const std::string& what, Clock::time_point start) {
       Phase(r.tensor_names, what, start);
     };
     run = RunAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
                        r.postscale_factor, ps.size(), phase);
   }
-  CompleteWhenDone(ps, std::move(mine), std::move(run));
+  CompleteWhenDone(ps, std::move(mine), std::move(run), inputs);
 }
 
 // Allocates the entry's output; if that fails the rank still takes part in
@@ -191,6 +204,7 @@ void PerformAllgather(ProcessSet& ps, const Response& r) {
   Executor* executor = nullptr;
   Status s = Route(ps, CollectiveType::ALLGATHER, e.device, total, &plane, &executor);
   if (!s.ok()) return Complete(e, s);
+  const Status input = AwaitInput(*executor, e);
   std::shared_ptr<void> scratch;
   Status alloc;
   void* out = AllocateOrScratch(*executor, e, out_shape, &scratch, &alloc);
@@ -206,7 +220,8 @@ void PerformAllgather(ProcessSet& ps, const Response& r) {
   if (!Failed(s)) s = io.StageOut(*executor, out, total);
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
-  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, io.queued), alloc, scratch);
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, io.queued),
+                   FirstFailure(input, alloc), scratch);
 }
 
 void PerformBroadcast(ProcessSet& ps, const Response& r) {
@@ -217,6 +232,7 @@ void PerformBroadcast(ProcessSet& ps, const Response& r) {
   Executor* executor = nullptr;
   Status s = Route(ps, CollectiveType::BROADCAST, e.device, bytes, &plane, &executor);
   if (!s.ok()) return Complete(e, s);
+  const Status input = AwaitInput(*executor, e);
   const bool root = ps.rank == r.root_rank;
   // Where the plane broadcasts: the output itself, or a staging buffer.
   void* buf = executor->PlaneBuffer(e.output, 1, bytes);
@@ -240,7 +256,7 @@ void PerformBroadcast(ProcessSet& ps, const Response& r) {
   }
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
-  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, queued));
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, queued), input);
 }
 
 void PerformAlltoall(ProcessSet& ps, const Response& r) {
@@ -263,6 +279,7 @@ void PerformAlltoall(ProcessSet& ps, const Response& r) {
   Executor* executor = nullptr;
   Status s = Route(ps, CollectiveType::ALLTOALL, e.device, total, &plane, &executor);
   if (!s.ok()) return Complete(e, s);
+  const Status input = AwaitInput(*executor, e);
   int64_t recv_total = 0;
   for (int64_t b : recv) recv_total += b;
   std::shared_ptr<void> scratch;
@@ -282,7 +299,8 @@ void PerformAlltoall(ProcessSet& ps, const Response& r) {
   }
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
-  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, io.queued), alloc, scratch);
+  CompleteWhenDone(ps, std::move(entries), Settle(*executor, s, io.queued),
+                   FirstFailure(input, alloc), scratch);
 }
 
 void PerformReducescatter(ProcessSet& ps, const Response& r) {
@@ -299,6 +317,7 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
   Executor* executor = nullptr;
   Status s = Route(ps, CollectiveType::REDUCESCATTER, e.device, e.input_bytes(), &plane, &executor);
   if (!s.ok()) return Complete(e, s);
+  const Status input = AwaitInput(*executor, e);
   std::shared_ptr<void> scratch;
   Status alloc;
   void* out = AllocateOrScratch(*executor, e, out_shape, &scratch, &alloc);
@@ -309,7 +328,7 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
                                    r.reduce_op, r.prescale_factor, r.postscale_factor, phase);
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
-  CompleteWhenDone(ps, std::move(entries), std::move(run), alloc, scratch);
+  CompleteWhenDone(ps, std::move(entries), std::move(run), FirstFailure(input, alloc), scratch);
 }
 
 void PerformAddProcessSet(ProcessSet& global, const Response& r) {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "reduction.h"
 
@@ -78,6 +79,14 @@ Status Executor::PackFused(const std::vector<ReduceSlot>& slots, DataType dtype,
   Status s = CopyMany(copies);
   if (Failed(s)) return s;
   return Scale(buf, out->count, dtype, prescale);
+}
+
+Status Executor::AwaitInput(DeviceEvent& ready) {
+  // The queue announces a request whose event cannot be waited for on a
+  // device only once the event has happened, so this returns at once there.
+  Status s;
+  while ((s = ready.Query()).in_progress()) std::this_thread::yield();
+  return s;
 }
 
 Status Executor::CopyMany(const std::vector<CopySpan>& spans) {

@@ -103,6 +103,10 @@ class Executor {
   // plane work queued on the same stream), or null when nothing is
   // outstanding: a synchronous executor always returns null.
   virtual std::unique_ptr<DeviceEvent> Fence() { return nullptr; }
+  // Holds back what this executor queues next until `ready` (an input's
+  // ready event) has happened: on the device where the event allows it,
+  // else here, by polling it (a host executor's work runs at once).
+  virtual Status AwaitInput(DeviceEvent& ready);
 
   // --- The steps of a reduction, written once on the primitives above. An
   // executor overrides them when it can do better (one batched kernel for

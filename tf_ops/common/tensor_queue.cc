@@ -28,7 +28,10 @@ void TensorQueue::PopRequests(std::vector<Request>* out) {
     std::vector<Request> waiting;
     for (Request& req : new_requests_) {
       auto it = table_.find(req.name);
-      Status ready = it == table_.end() || !it->second.ready_event
+      // An event the device can wait for is waited for where the collective
+      // runs (Executor::AwaitInput): the request is negotiated now.
+      const DeviceEvent* event = it == table_.end() ? nullptr : it->second.ready_event.get();
+      Status ready = event == nullptr || event->waits_on_device()
                          ? Status::OK()
                          : it->second.ready_event->Query();
       if (ready.ok()) {

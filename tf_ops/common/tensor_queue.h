@@ -38,8 +38,10 @@ struct TensorTableEntry : Request {
   AllocateFn allocate_output;
   std::function<void(const std::vector<int64_t>&)> set_received_splits;  // ALLTOALL
   // When the input is not yet written (a GPU kernel's stream may still be
-  // producing it), the event that says it is; the request is only sent to
-  // negotiation once it has happened. Null: ready now (host memory).
+  // producing it), the event that says it is. The executor makes the
+  // collective wait for it (Executor::AwaitInput); an event the device
+  // cannot wait for also holds the request back from negotiation until it
+  // has happened. Null: ready now (host memory).
   std::shared_ptr<DeviceEvent> ready_event;
   DoneCallback callback;
 
@@ -52,7 +54,8 @@ class TensorQueue {
  public:
   // Fails (without calling the callback) if `entry.name` is already pending.
   Status Add(TensorTableEntry entry, int32_t rank);
-  // Moves out the requests of entries whose input is ready, in submission
+  // Moves out the requests of entries whose input is ready, or whose ready
+  // event the device waits for (DeviceEvent::waits_on_device), in submission
   // order; entries still waiting on their ready event stay for a later
   // cycle. An entry whose ready event fails is completed with that error.
   void PopRequests(std::vector<Request>* out);

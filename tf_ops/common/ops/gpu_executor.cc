@@ -80,6 +80,49 @@ class StreamFence : public DeviceEvent {
 
 }  // namespace
 
+// --- GpuReadyEvent -------------------------------------------------------------
+
+Status GpuReadyEvent::Record(GpuShared* shared, int32_t device, GpuStream stream,
+                             std::shared_ptr<DeviceEvent>* out) {
+  NcclApi* api = shared->api;
+  int err = api->SetDevice(device);
+  if (err != 0) {
+    return CudaErrorToStatus(err, "cudaSetDevice(" + std::to_string(device) + ")",
+                             api->CudaErrorString(err));
+  }
+  GpuEvent event = nullptr;
+  err = shared->events->Acquire(&event);
+  if (err == 0) err = api->EventRecord(event, stream);
+  if (err != 0) {
+    if (event != nullptr) shared->events->Release(event);
+    return CudaErrorToStatus(err, "recording a ready event", api->CudaErrorString(err));
+  }
+  out->reset(new GpuReadyEvent(shared->events, event));
+  return Status::OK();
+}
+
+// The pool may hand the event out again at once: a stream wait queued
+// before then waits for the record it saw, not for a later one.
+GpuReadyEvent::~GpuReadyEvent() { pool_->Release(event_); }
+
+Status GpuReadyEvent::Query() {
+  int err = 0;
+  switch (pool_->api()->EventQuery(event_, &err)) {
+    case EventState::kDone: return Status::OK();
+    case EventState::kPending: return Status::InProgress();
+    case EventState::kError: break;
+  }
+  return CudaErrorToStatus(err, "the kernels producing a collective's input",
+                           pool_->api()->CudaErrorString(err));
+}
+
+Status GpuReadyEvent::QueueWait(void* stream) {
+  const int err = pool_->api()->StreamWaitEvent(stream, event_);
+  return err == 0 ? Status::OK()
+                  : CudaErrorToStatus(err, "cudaStreamWaitEvent on a collective's input",
+                                      pool_->api()->CudaErrorString(err));
+}
+
 // --- GpuExecutor ----------------------------------------------------------------
 
 GpuExecutor::GpuExecutor(GpuShared* shared, int32_t device, GpuStream stream)
@@ -197,6 +240,11 @@ std::unique_ptr<DeviceEvent> GpuExecutor::Fence() {
     return nullptr;
   }
   return std::unique_ptr<DeviceEvent>(new StreamFence(shared_, event, device_, watch_comms_));
+}
+
+Status GpuExecutor::AwaitInput(DeviceEvent& ready) {
+  if (!ready.waits_on_device()) return Executor::AwaitInput(ready);
+  return ready.QueueWait(stream_);
 }
 
 // --- HostStagedExecutor ---------------------------------------------------------

@@ -52,6 +52,26 @@ struct GpuShared {
   std::atomic<int64_t> staged_copies{0};
 };
 
+// The ready event of a GPU input: recorded on the producer's stream (TF's
+// compute stream, CuPy's or torch's current stream) when the input is handed
+// over. An executor's stream waits for it on the device (QueueWait).
+class GpuReadyEvent : public DeviceEvent {
+ public:
+  // Records a new event on `stream` of `device`.
+  static Status Record(GpuShared* shared, int32_t device, GpuStream stream,
+                       std::shared_ptr<DeviceEvent>* out);
+  ~GpuReadyEvent() override;
+  Status Query() override;
+  bool waits_on_device() const override { return true; }
+  Status QueueWait(void* stream) override;
+
+ private:
+  GpuReadyEvent(std::shared_ptr<GpuEventPool> pool, GpuEvent event)
+      : pool_(std::move(pool)), event_(event) {}
+  std::shared_ptr<GpuEventPool> pool_;
+  GpuEvent event_;
+};
+
 class GpuExecutor : public Executor {
  public:
   // Makes the executor's stream on `device`.
@@ -71,6 +91,8 @@ class GpuExecutor : public Executor {
                          int ranks) override;
   std::shared_ptr<void> Scratch(int64_t bytes) override;
   std::unique_ptr<DeviceEvent> Fence() override;
+  // Queued on this executor's stream when the event can be (no host wait).
+  Status AwaitInput(DeviceEvent& ready) override;
 
  protected:
   GpuExecutor(GpuShared* shared, int32_t device, GpuStream stream);

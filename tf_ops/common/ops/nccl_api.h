@@ -91,6 +91,8 @@ class NcclApi {
   virtual int EventCreate(GpuEvent* event) = 0;  // timing disabled
   virtual int EventRecord(GpuEvent event, GpuStream stream) = 0;
   virtual EventState EventQuery(GpuEvent event, int* error) = 0;
+  // Work queued on `stream` after this call waits for `event`'s last record.
+  virtual int StreamWaitEvent(GpuStream stream, GpuEvent event) = 0;
   virtual int EventDestroy(GpuEvent event) = 0;
   virtual std::string CudaErrorString(int error) = 0;
   // The rest has host-memory defaults, so that a fake on host memory (the

@@ -44,6 +44,7 @@ class FakeApi : public NcclApi {
   std::deque<NcclResult> async_results;  // then kSuccess (or `async_forever`)
   bool async_forever_in_progress = false;
   std::deque<EventState> event_states;   // then kDone
+  int stream_wait_result = 0;            // what StreamWaitEvent returns
   int current_device = 0;
   int events_created = 0;
   int async_queries = 0;
@@ -223,6 +224,10 @@ class FakeApi : public NcclApi {
     event_states.pop_front();
     if (s == EventState::kError) *error = 700;
     return s;
+  }
+  int StreamWaitEvent(GpuStream, GpuEvent event) override {
+    Log("StreamWaitEvent " + std::to_string(reinterpret_cast<intptr_t>(event)));
+    return stream_wait_result;
   }
   int EventDestroy(GpuEvent) override { return 0; }
   std::string CudaErrorString(int error) override {

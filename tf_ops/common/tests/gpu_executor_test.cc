@@ -106,10 +106,62 @@ void TestExecutorPrimitives() {
   CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "shutting down"));
 }
 
+// An input's ready event: recorded on the producer's stream, and waited for
+// on the executor's stream (never on the host), ahead of what the executor
+// queues next. Host staging waits the same way before its device-to-host copy.
+void TestReadyEventsWaitOnTheDevice() {
+  for (bool staged : {false, true}) {
+    FakeGpuStack stack;
+    std::unique_ptr<Executor> ex;
+    if (staged) {
+      CHECK(HostStagedExecutor::Create(&stack.shared, 0, &ex).ok());
+    } else {
+      ex = std::move(stack.executor);
+    }
+    FakeApi& api = stack.api;
+    std::shared_ptr<DeviceEvent> ready;
+    int producer_stream = 0;
+    CHECK(GpuReadyEvent::Record(&stack.shared, 0, &producer_stream, &ready).ok());
+    CHECK(ready->waits_on_device() && api.Logged("EventRecord"));
+    api.event_states = {EventState::kPending, EventState::kPending};  // would hold a host wait
+    CHECK(ex->AwaitInput(*ready).ok());
+    CHECK(api.event_states.size() == 2);  // never queried
+    std::vector<char> a = Floats({1, 2}), b(8);
+    Status copied = ex->Copy(b.data(), a.data(), 8);
+    CHECK(copied.ok() || copied.in_progress());
+    size_t wait = api.log.size(), copy = api.log.size();
+    for (size_t i = 0; i < api.log.size(); ++i) {
+      if (api.log[i].rfind("StreamWaitEvent", 0) == 0) wait = i;
+      if (api.log[i].rfind("Memcpy", 0) == 0 && copy == api.log.size()) copy = i;
+    }
+    CHECK(wait < copy);
+    // A failed wait names the call and CUDA's error.
+    api.stream_wait_result = 700;
+    Status s = ex->AwaitInput(*ready);
+    CHECK(!s.ok() && Contains(s.message(), "cudaStreamWaitEvent") &&
+          Contains(s.message(), "cuda error text 700"));
+  }
+}
+
+// A host executor waits for an input's event on the host.
+void TestHostExecutorPollsReadyEvents() {
+  FakeGpuStack stack;
+  std::shared_ptr<DeviceEvent> ready;
+  CHECK(GpuReadyEvent::Record(&stack.shared, 0, nullptr, &ready).ok());
+  CpuExecutor cpu;
+  stack.api.event_states = {EventState::kPending, EventState::kPending};
+  CHECK(cpu.AwaitInput(*ready).ok() && stack.api.event_states.empty());
+  stack.api.event_states = {EventState::kError};
+  Status s = cpu.AwaitInput(*ready);
+  CHECK(!s.ok() && Contains(s.message(), "producing a collective's input"));
+}
+
 }  // namespace
 
 int main() {
   TestHostStaging();
   TestExecutorPrimitives();
+  TestReadyEventsWaitOnTheDevice();
+  TestHostExecutorPollsReadyEvents();
   return CheckExitCode();
 }

@@ -416,7 +416,9 @@ class CountdownEvent : public DeviceEvent {
     }
     return result_;
   }
+  bool waits_on_device() const override { return on_device; }
   int queries = 0;
+  bool on_device = false;
 
  private:
   int left_;
@@ -455,6 +457,16 @@ static void TestReadyEvents() {
   CHECK(reqs.size() == 1 && reqs[0].name == "gpu" && reqs[0].device == 0);
   TensorTableEntry taken;
   CHECK(q.Take("gpu", &taken) && taken.device == 0 && taken.ready_event == slow);
+
+  // An event the device waits for (the executor's stream, at run time) does
+  // not hold the request back, and the host never polls it.
+  auto device_waits = std::make_shared<CountdownEvent>(1000, Status::OK());
+  device_waits->on_device = true;
+  CHECK(q.Add(entry("ordered", device_waits), 1).ok());
+  reqs.clear();
+  q.PopRequests(&reqs);
+  CHECK(reqs.size() == 1 && reqs[0].name == "ordered" && device_waits->queries == 0);
+  CHECK(!q.HasUnannounced());
 }
 
 int main() {

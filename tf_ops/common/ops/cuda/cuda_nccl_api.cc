@@ -168,6 +168,9 @@ class CudaNcclApi : public NcclApi {
     if (e == cudaErrorNotReady) return EventState::kPending;
     return EventState::kError;
   }
+  int StreamWaitEvent(GpuStream stream, GpuEvent event) override {
+    return static_cast<int>(cudaStreamWaitEvent(S(stream), static_cast<cudaEvent_t>(event), 0));
+  }
   int EventDestroy(GpuEvent event) override {
     return static_cast<int>(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
   }

@@ -42,45 +42,8 @@ GpuGlobals& G() {
   return *g;
 }
 
-// The ready event of a GPU input: recorded on the producer's stream.
-class ReadyEvent : public DeviceEvent {
- public:
-  ReadyEvent(std::shared_ptr<GpuEventPool> pool, GpuEvent event)
-      : pool_(std::move(pool)), event_(event) {}
-  ~ReadyEvent() override { pool_->Release(event_); }
-  Status Query() override {
-    int err = 0;
-    switch (pool_->api()->EventQuery(event_, &err)) {
-      case EventState::kDone: return Status::OK();
-      case EventState::kPending: return Status::InProgress();
-      case EventState::kError: break;
-    }
-    return CudaErrorToStatus(err, "the kernels producing a collective's input",
-                             pool_->api()->CudaErrorString(err));
-  }
-
- private:
-  std::shared_ptr<GpuEventPool> pool_;
-  GpuEvent event_;
-};
-
 Status RecordReady(int32_t device, void* stream, std::shared_ptr<DeviceEvent>* out) {
-  GpuGlobals& g = G();
-  NcclApi* api = g.api.get();
-  int err = api->SetDevice(device);
-  if (err != 0) {
-    return CudaErrorToStatus(err, "cudaSetDevice(" + std::to_string(device) + ")",
-                             api->CudaErrorString(err));
-  }
-  GpuEvent event = nullptr;
-  err = g.shared.events->Acquire(&event);
-  if (err == 0) err = api->EventRecord(event, stream);
-  if (err != 0) {
-    if (event != nullptr) g.shared.events->Release(event);
-    return CudaErrorToStatus(err, "recording a ready event", api->CudaErrorString(err));
-  }
-  *out = std::make_shared<ReadyEvent>(g.shared.events, event);
-  return Status::OK();
+  return GpuReadyEvent::Record(&G().shared, device, stream, out);
 }
 
 // NCCL's unique id over the set's host plane: one length byte, then the id.
