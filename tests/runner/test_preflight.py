@@ -48,6 +48,42 @@ def test_imports_that_do_not(source):
     assert not preflight.imports_tensorflow(source)
 
 
+@pytest.mark.parametrize("code, needs", [
+    ("import tfring.core as hvd", False),
+    ("from tfring import torch as hvd", False),
+    ("import torch\nimport horovod.torch as hvd", False),
+    ("import tfring.core as hvd\nimport tensorflow as tf", True),
+    ("import numpy", True),  # framework unknown: it may reach TF another way
+])
+def test_which_jobs_need_the_tf_op_library(tmp_path, code, needs):
+    script = tmp_path / "job.py"
+    script.write_text(code + "\n")
+    assert preflight.needs_tf_library([sys.executable, str(script)]) is needs
+    assert preflight.needs_tf_library([sys.executable, "-c", code]) is needs
+    # Nothing to read: a module, or a command that is not Python.
+    assert preflight.needs_tf_library([sys.executable, "-m", "job"])
+    assert preflight.needs_tf_library(["bash", str(script)])
+
+
+def test_a_torch_job_does_not_wait_for_a_tf_op_library_build(tmp_path, monkeypatch):
+    # Where TensorFlow is installed but its op library is not built yet,
+    # tfringrun builds it before starting the ranks; not for a job that
+    # never loads it.
+    from tfring.build import cache
+    from tfring.runner import modes
+    builds = []
+    monkeypatch.setattr(cache, "library_ready_fast", lambda: False)
+    monkeypatch.setattr(modes.subprocess, "run",
+                        lambda cmd, **kw: builds.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    script = tmp_path / "job.py"
+    script.write_text("import tfring.torch as hvd\n")
+    assert modes.build_library_first([sys.executable, str(script)]) == 0
+    assert builds == []
+    script.write_text("import tfring.tensorflow as hvd\n")
+    assert modes.build_library_first([sys.executable, str(script)]) == 0
+    assert builds and builds[0][1:] == ["-m", "tfring.build"]
+
+
 def test_job_source_finds_the_script_or_code(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("import tensorflow")

@@ -13,7 +13,7 @@ import tempfile
 from tfring._store import rendezvous, wire
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import mpiexec as mpiexec_mod
-from tfring.runner import rank_env, rank_wrapper, remote
+from tfring.runner import preflight, rank_env, rank_wrapper, remote
 from tfring.runner.processes import RankProcessesLaunch, RankSpec
 from tfring.runner.supervisor import Supervisor
 
@@ -23,16 +23,19 @@ def fail(message, code=2):
     return code
 
 
-def build_library_first():
+def build_library_first(command):
     """Builds the op library for this environment's TensorFlow before any rank
-    starts, when none exists yet: the progress then shows once, here, instead
-    of every rank waiting silently on one rank's compile. Checking costs no
-    TensorFlow import; only a needed build pays one. Returns an exit code, 0
-    to go on. (Ranks on other hosts, or in another environment, still build
-    on import, once per host, under the cache's lock.)"""
+    starts, when none exists yet and the job may use it (not a tfring.core
+    or torch script: preflight.needs_tf_library): the progress then shows
+    once, here, instead of every rank waiting silently on one rank's
+    compile. Checking costs no TensorFlow import; only a needed build pays
+    one. Returns an exit code, 0 to go on. (Ranks on other hosts, or in
+    another environment, still build on import, once per host, under the
+    cache's lock.)"""
     from tfring.build import cache
     import importlib.util
-    if importlib.util.find_spec("tensorflow") is None or cache.library_ready_fast():
+    if (importlib.util.find_spec("tensorflow") is None or cache.library_ready_fast()
+            or not preflight.needs_tf_library(command)):
         return 0
     proc = subprocess.run([sys.executable, "-m", "tfring.build"], stdout=subprocess.DEVNULL)
     if proc.returncode != 0:
@@ -125,7 +128,7 @@ def launch_mpi(args, hosts, num_proc, command, extra_env):
     except mpiexec_mod.MpiexecNotFound as e:
         print(e, file=sys.stderr)
         return 1
-    code = build_library_first()
+    code = build_library_first(command)
     if code:
         return code
     job = Job(args, hosts, num_proc)
@@ -158,7 +161,7 @@ def launch_tcp(args, hosts, num_proc, command, extra_env):
     (remote ones over ssh); the ranks meet over TCP."""
     if args.mpi_args:
         return fail("--mpi-args needs MPI; --tcp starts the ranks without mpiexec.")
-    code = build_library_first()
+    code = build_library_first(command)
     if code:
         return code
     job = Job(args, hosts, num_proc)
@@ -241,7 +244,7 @@ def launch_elastic(args, command, extra_env, given):
     timeout = 600.0 if args.elastic_timeout is None else args.elastic_timeout
     if timeout <= 0:
         return fail(f"--elastic-timeout must be positive, got {timeout:g}")
-    code = build_library_first()
+    code = build_library_first(command)
     if code:
         return code
     interfaces = [n.strip() for n in (args.network_interfaces or "").split(",") if n.strip()]

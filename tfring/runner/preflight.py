@@ -59,29 +59,53 @@ print(json.dumps(out))
 """
 
 
+# Modules of jobs that need no TensorFlow (nor tfring's op library for it).
+_NEUTRAL_MODULES = ("tfring.core", "tfring.torch", "horovod.torch", "torch")
+
+
+def _within(name, modules):
+    return any(name == m or name.startswith(m + ".") for m in modules)
+
+
 def _is_tf_module(name):
-    return any(name == m or name.startswith(m + ".") for m in _TF_MODULES)
+    return _within(name, _TF_MODULES)
 
 
-def imports_tensorflow(source):
-    """Whether Python `source` has an import line that needs TensorFlow."""
+def _imported_modules(source):
+    """The modules Python `source`'s import lines name: ``from tfring import
+    keras`` names ``tfring`` and ``tfring.keras``."""
     for line in source.splitlines():
         line = line.split("#", 1)[0].strip()
         m = re.match(r"from\s+([\w.]+)\s+import\s+(.+)", line)
         if m:
             module, names = m.group(1), m.group(2)
-            if _is_tf_module(module):
-                return True
-            if module in ("tfring", "horovod") and any(
-                    _is_tf_module(f"{module}.{n.strip().split()[0]}")
-                    for n in names.strip("()").split(",") if n.strip()):
-                return True
+            yield module
+            for n in names.strip("()").split(","):
+                if n.strip():
+                    yield f"{module}.{n.strip().split()[0]}"
             continue
         m = re.match(r"import\s+(.+)", line)
-        if m and any(_is_tf_module(item.strip().split()[0])
-                     for item in m.group(1).split(",") if item.strip()):
-            return True
-    return False
+        if m:
+            for item in m.group(1).split(","):
+                if item.strip():
+                    yield item.strip().split()[0]
+
+
+def imports_tensorflow(source):
+    """Whether Python `source` has an import line that needs TensorFlow."""
+    return any(_is_tf_module(name) for name in _imported_modules(source))
+
+
+def needs_tf_library(command):
+    """False when the rank command is known to need no TensorFlow op library:
+    its script imports tfring.core, tfring.torch or torch and nothing of
+    TensorFlow's. True when it may (a TF job, or one tfringrun cannot read)."""
+    source = job_source(command) if rank_python(command, os.environ) else None
+    if source is None:
+        return True
+    names = list(_imported_modules(source))
+    return (any(_is_tf_module(n) for n in names)
+            or not any(_within(n, _NEUTRAL_MODULES) for n in names))
 
 
 def rank_python(command, env):
