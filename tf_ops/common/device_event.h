@@ -7,9 +7,21 @@
 #ifndef TFRING_COMMON_DEVICE_EVENT_H
 #define TFRING_COMMON_DEVICE_EVENT_H
 
+#include <cstdint>
+
 #include "status.h"
 
 namespace tfring {
+
+// Where an event stands among others. Events recorded on one queue (a
+// stream) happen in the order they were recorded, so waiting for the latest
+// of them covers the rest: a fused collective of many tensors from one
+// framework stream needs one wait, not one per tensor. A null queue: not
+// known to be ordered with any other event.
+struct EventOrder {
+  const void* queue = nullptr;
+  uint64_t seq = 0;  // larger: recorded later on `queue`
+};
 
 class DeviceEvent {
  public:
@@ -29,6 +41,7 @@ class DeviceEvent {
     (void)stream;
     return Status::Unknown("tfring: this event cannot be waited for on a device stream");
   }
+  virtual EventOrder order() const { return {}; }
 };
 
 }  // namespace tfring

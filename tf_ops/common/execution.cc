@@ -81,9 +81,15 @@ void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, Run
   });
 }
 
-// Holds what `executor` queues next until `e`'s input is written (its ready
-// event). On failure the rank still takes part in the collective, which
-// the other ranks are in already; only its own result is an error.
+// Holds what `executor` queues next until the entries' inputs are written
+// (their ready events). On failure the rank still takes part in the
+// collective, which the other ranks are in already; only its own result
+// is an error.
+Status AwaitInputs(Executor& executor, const std::vector<TensorTableEntry>& entries) {
+  std::vector<DeviceEvent*> ready;
+  for (const auto& e : entries) ready.push_back(e.ready_event.get());
+  return executor.AwaitInputs(ready);
+}
 Status AwaitInput(Executor& executor, const TensorTableEntry& e) {
   return e.ready_event ? executor.AwaitInput(*e.ready_event) : Status::OK();
 }
@@ -157,7 +163,7 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
   }
   Status inputs;
   if (run.status.ok()) {
-    for (const auto& e : mine) inputs = FirstFailure(inputs, AwaitInput(*executor, e));
+    inputs = AwaitInputs(*executor, mine);
     auto phase = [&r](const std::string& what, Clock::time_point start) {
       Phase(r.tensor_names, what, start);
     };

@@ -1,6 +1,7 @@
 #include "executor.h"
 
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -87,6 +88,28 @@ Status Executor::AwaitInput(DeviceEvent& ready) {
   Status s;
   while ((s = ready.Query()).in_progress()) std::this_thread::yield();
   return s;
+}
+
+Status Executor::AwaitInputs(const std::vector<DeviceEvent*>& ready) {
+  std::map<const void*, DeviceEvent*> latest;  // per queue
+  std::vector<DeviceEvent*> waits;
+  for (DeviceEvent* e : ready) {
+    if (e == nullptr) continue;
+    const EventOrder order = e->order();
+    if (order.queue == nullptr) {
+      waits.push_back(e);
+      continue;
+    }
+    DeviceEvent*& last = latest[order.queue];
+    if (last == nullptr || last->order().seq < order.seq) last = e;
+  }
+  for (const auto& kv : latest) waits.push_back(kv.second);
+  Status first;
+  for (DeviceEvent* e : waits) {
+    Status s = AwaitInput(*e);
+    if (first.ok()) first = s;
+  }
+  return first;
 }
 
 Status Executor::CopyMany(const std::vector<CopySpan>& spans) {

@@ -107,6 +107,9 @@ class Executor {
   // ready event) has happened: on the device where the event allows it,
   // else here, by polling it (a host executor's work runs at once).
   virtual Status AwaitInput(DeviceEvent& ready);
+  // AwaitInput for each of `ready` (nulls skipped), except those that a later
+  // event of the same queue covers (EventOrder). Returns the first failure.
+  Status AwaitInputs(const std::vector<DeviceEvent*>& ready);
 
   // --- The steps of a reduction, written once on the primitives above. An
   // executor overrides them when it can do better (one batched kernel for

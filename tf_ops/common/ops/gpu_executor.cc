@@ -2,7 +2,9 @@
 
 #include "gpu_executor.h"
 
+#include <cstdint>
 #include <cstring>
+#include <mutex>
 
 #include "../reduction.h"
 
@@ -92,12 +94,22 @@ Status GpuReadyEvent::Record(GpuShared* shared, int32_t device, GpuStream stream
   }
   GpuEvent event = nullptr;
   err = shared->events->Acquire(&event);
-  if (err == 0) err = api->EventRecord(event, stream);
+  EventOrder order;
+  if (err == 0) {
+    // The sequence number must follow the order of the records themselves,
+    // which threads of one framework may make on one stream at once.
+    static std::mutex record_mu;
+    static uint64_t records = 0;
+    std::lock_guard<std::mutex> lock(record_mu);
+    err = api->EventRecord(event, stream);
+    order.seq = ++records;
+  }
   if (err != 0) {
     if (event != nullptr) shared->events->Release(event);
     return CudaErrorToStatus(err, "recording a ready event", api->CudaErrorString(err));
   }
-  out->reset(new GpuReadyEvent(shared->events, event));
+  if (reinterpret_cast<uintptr_t>(stream) > 2) order.queue = stream;
+  out->reset(new GpuReadyEvent(shared->events, event, order));
   return Status::OK();
 }
 

@@ -64,12 +64,16 @@ class GpuReadyEvent : public DeviceEvent {
   Status Query() override;
   bool waits_on_device() const override { return true; }
   Status QueueWait(void* stream) override;
+  // The stream it was recorded on, unless that is a default stream (0, 1,
+  // 2: legacy or per-thread, a different stream per device or thread).
+  EventOrder order() const override { return order_; }
 
  private:
-  GpuReadyEvent(std::shared_ptr<GpuEventPool> pool, GpuEvent event)
-      : pool_(std::move(pool)), event_(event) {}
+  GpuReadyEvent(std::shared_ptr<GpuEventPool> pool, GpuEvent event, EventOrder order)
+      : pool_(std::move(pool)), event_(event), order_(order) {}
   std::shared_ptr<GpuEventPool> pool_;
   GpuEvent event_;
+  EventOrder order_;
 };
 
 class GpuExecutor : public Executor {

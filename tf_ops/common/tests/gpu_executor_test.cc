@@ -143,6 +143,34 @@ void TestReadyEventsWaitOnTheDevice() {
   }
 }
 
+// A fused collective's inputs: one wait per producer stream (its latest
+// event covers the earlier ones), and one per event recorded on a default
+// stream, whose handle names a different stream per device or thread.
+void TestOneWaitPerProducerStream() {
+  FakeGpuStack stack;
+  int a = 0, b = 0;
+  auto record = [&](void* stream) {
+    std::shared_ptr<DeviceEvent> e;
+    CHECK(GpuReadyEvent::Record(&stack.shared, 0, stream, &e).ok());
+    return e;
+  };
+  std::vector<std::shared_ptr<DeviceEvent>> events = {
+      record(&a), record(&b), record(&a), record(nullptr), record(&a),
+      record(reinterpret_cast<void*>(2)), nullptr};
+  std::vector<DeviceEvent*> ready;
+  for (auto& e : events) ready.push_back(e.get());
+  CHECK(stack.executor->AwaitInputs(ready).ok());
+  CHECK(stack.api.Count("StreamWaitEvent") == 4);
+  CHECK(stack.api.Logged("StreamWaitEvent 5"));   // a's last (the fifth event created)
+  CHECK(!stack.api.Logged("StreamWaitEvent 1") && !stack.api.Logged("StreamWaitEvent 3"));
+  CHECK(stack.api.Logged("StreamWaitEvent 2") && stack.api.Logged("StreamWaitEvent 4") &&
+        stack.api.Logged("StreamWaitEvent 6"));
+  // The first failure is returned, and every wait is still queued.
+  stack.api.stream_wait_result = 700;
+  Status s = stack.executor->AwaitInputs(ready);
+  CHECK(!s.ok() && stack.api.Count("StreamWaitEvent") == 8);
+}
+
 // A host executor waits for an input's event on the host.
 void TestHostExecutorPollsReadyEvents() {
   FakeGpuStack stack;
@@ -162,6 +190,7 @@ int main() {
   TestHostStaging();
   TestExecutorPrimitives();
   TestReadyEventsWaitOnTheDevice();
+  TestOneWaitPerProducerStream();
   TestHostExecutorPollsReadyEvents();
   return CheckExitCode();
 }
