@@ -203,6 +203,23 @@ def check_collectives():
     assert float(cp.asnumpy(y[:1000]).min()) == float(size), "ready event not honoured"
     assert float(cp.asnumpy(y[-1000:]).max()) == float(size), "ready event not honoured"
     checks += 1
+    # A fused group whose tensors two streams are still writing: the
+    # collective waits once per stream, for the latest event of each.
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    parts = []
+    for k in range(6):
+        with streams[k % 2]:
+            part = cp.zeros(4 << 20, dtype=cp.float32)  # 16 MB each
+            for _ in range(10):
+                part += 1.0
+            parts.append(part)
+    with streams[1]:
+        ys = hvd.grouped_allreduce(parts, op=hvd.Sum, name="two.streams")
+    cp.cuda.Device().synchronize()
+    for k, y in enumerate(ys):
+        got = cp.asnumpy(y)
+        assert got.min() == got.max() == 10.0 * size, f"tensor {k}: ready events not honoured"
+    checks += 1
     copies = hvd.host_staging_copies() - copies_before
     report(rank=rank, size=size, check="collectives", checks=checks, host_copies=copies,
            worst_relative_error=worst, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
