@@ -203,22 +203,30 @@ def check_collectives():
     assert float(cp.asnumpy(y[:1000]).min()) == float(size), "ready event not honoured"
     assert float(cp.asnumpy(y[-1000:]).max()) == float(size), "ready event not honoured"
     checks += 1
-    # A fused group whose tensors two streams are still writing: the
-    # collective waits once per stream, for the latest event of each.
+    # Tensors that two streams are still writing, each handed over on its
+    # own stream, and likely fused into one collective: it must wait for
+    # both streams (once each, for the latest event of each), and a group
+    # (one event for all its tensors) for its one stream.
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
-    parts = []
+    handles, parts = [], []
     for k in range(6):
         with streams[k % 2]:
-            part = cp.zeros(4 << 20, dtype=cp.float32)  # 16 MB each
+            part = cp.zeros(1 << 20, dtype=cp.float32)  # 4 MB each
             for _ in range(10):
                 part += 1.0
             parts.append(part)
-    with streams[1]:
-        ys = hvd.grouped_allreduce(parts, op=hvd.Sum, name="two.streams")
-    cp.cuda.Device().synchronize()
+            handles.append(hvd.allreduce_async(part, op=hvd.Sum, name=f"two.streams.{k}"))
+    with streams[0]:
+        group = [cp.full(1 << 20, 2.0, dtype=cp.float32) for _ in range(3)]
+        for g in group:
+            g *= 1.5
+        ys = hvd.grouped_allreduce(group, op=hvd.Sum, name="group.side.stream")
+    for k, h in enumerate(handles):
+        got = cp.asnumpy(hvd.synchronize(h))
+        assert got.min() == got.max() == 10.0 * size, f"tensor {k}: ready events not honoured"
     for k, y in enumerate(ys):
         got = cp.asnumpy(y)
-        assert got.min() == got.max() == 10.0 * size, f"tensor {k}: ready events not honoured"
+        assert got.min() == got.max() == 3.0 * size, f"group tensor {k}: ready event not honoured"
     checks += 1
     copies = hvd.host_staging_copies() - copies_before
     report(rank=rank, size=size, check="collectives", checks=checks, host_copies=copies,

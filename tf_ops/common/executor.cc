@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -92,9 +93,10 @@ Status Executor::AwaitInput(DeviceEvent& ready) {
 
 Status Executor::AwaitInputs(const std::vector<DeviceEvent*>& ready) {
   std::map<const void*, DeviceEvent*> latest;  // per queue
+  std::set<DeviceEvent*> seen;  // a group's tensors may share one event
   std::vector<DeviceEvent*> waits;
   for (DeviceEvent* e : ready) {
-    if (e == nullptr) continue;
+    if (e == nullptr || !seen.insert(e).second) continue;
     const EventOrder order = e->order();
     if (order.queue == nullptr) {
       waits.push_back(e);
