@@ -235,7 +235,7 @@ def check_collectives():
 
 
 def check_kill():
-    rank, size = hvd.rank(), hvd.size()
+    rank = hvd.rank()
     x = cp.ones(1 << 20, dtype=cp.float32)
     hvd.allreduce(x, name="before")  # everyone is up
     if rank == 1:
