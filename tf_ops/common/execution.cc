@@ -87,8 +87,11 @@ void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, Run
 // is an error.
 Status AwaitInputs(Executor& executor, const std::vector<TensorTableEntry>& entries) {
   std::vector<DeviceEvent*> ready;
-  for (const auto& e : entries) ready.push_back(e.ready_event.get());
-  return executor.AwaitInputs(ready);
+  for (const auto& e : entries) {
+    // Host tensors (every CPU collective) have none: nothing to build.
+    if (e.ready_event) ready.push_back(e.ready_event.get());
+  }
+  return ready.empty() ? Status::OK() : executor.AwaitInputs(ready);
 }
 Status AwaitInput(Executor& executor, const TensorTableEntry& e) {
   return e.ready_event ? executor.AwaitInput(*e.ready_event) : Status::OK();
