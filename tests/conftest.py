@@ -14,6 +14,14 @@ from support import CONTROLLERS, missing_tool, tfringrun
 collect_ignore_glob = [] if os.environ.get("TFRING_RANK_TESTS") == "1" else ["*/ranks/*"]
 
 
+def pytest_configure(config):
+    # TFRING_TEST_PROFILE=<file>: where each test's time goes (tests/tools/durations.py).
+    path = os.environ.get("TFRING_TEST_PROFILE")
+    if path and os.environ.get("TFRING_RANK_TESTS") != "1":
+        from tools import profile_plugin
+        profile_plugin.register(config, path)
+
+
 def pytest_runtest_setup(item):
     # @pytest.mark.needs_tool("g++"): a C++ suite's compiler (see missing_tool).
     for mark in item.iter_markers("needs_tool"):
