@@ -8,6 +8,13 @@ parent's name in DIR/parent.RANK, and after init() the /dev/shm files it
 has mapped in DIR/shm.RANK, so the test can check afterwards that none of
 them outlived the job. Results are printed
 as single lines the test parses (RESULT ...).
+
+The faults are the core's and the launcher's, so the scenarios run on
+tfring.core with numpy arrays (a rank starts in a fraction of a second);
+FAULT_FRAMEWORK=tf runs them through tfring.tensorflow instead, for what the
+TF binding adds (its error types, a step compiled with XLA, its kernels'
+completion on shutdown). Both raise the same error types: an AbortedError
+that is a HorovodInternalError, and a precondition error.
 """
 import os
 import sys
@@ -59,16 +66,42 @@ _write(f"pids.{RANK}", f"{os.getpid()} {os.getppid()}")
 with open(f"/proc/{os.getppid()}/comm") as _f:
     _write(f"parent.{RANK}", _f.read().strip())
 
-import tensorflow as tf  # noqa: E402
+import numpy as np  # noqa: E402
 
-import tfring.tensorflow as hvd  # noqa: E402
-from tfring.common import basics  # noqa: E402
+FRAMEWORK = os.environ.get("FAULT_FRAMEWORK") or "core"
+if FRAMEWORK == "tf":
+    import tensorflow as tf
+
+    import tfring.tensorflow as hvd
+    from tfring.common import basics
+    Aborted, Precondition = tf.errors.AbortedError, tf.errors.FailedPreconditionError
+
+    def ones(n):
+        return tf.ones([n])
+else:
+    import tfring.core as hvd
+    Aborted, Precondition = hvd.AbortedError, hvd.PreconditionError
+
+    def ones(n):
+        return np.ones(n, np.float32)
+
+
+def allreduce_reporting_queued(x, name, flag):
+    """hvd.allreduce(x, Sum) that writes DIR/FLAG once the collective is in
+    flight on this rank: tfring.core's async call has enqueued it when it
+    returns; TF's kernel enqueues it on another thread, which a watcher sees."""
+    if FRAMEWORK == "tf":
+        _report_queued(flag)
+        return hvd.allreduce(x, op=hvd.Sum, name=name)
+    handle = hvd.allreduce_async(x, op=hvd.Sum, name=name)
+    _write(flag, "1")
+    return hvd.synchronize(handle)
 
 
 def start():
     hvd.init()
     # Every rank has joined MPI's shared memory once a collective has run.
-    hvd.allreduce(tf.ones([4]), op=hvd.Sum, name="warm_up")
+    hvd.allreduce(ones(4), op=hvd.Sum, name="warm_up")
     mapped = set()
     with open("/proc/self/maps") as f:
         for line in f:
@@ -86,8 +119,7 @@ def say_failure(kind, error):
     """RESULT KIND_CAUSE CAUSE RANK TYPES: the failure's cause and rank, and
     which of the types Horovod users catch it is."""
     from tfring.common.exceptions import HorovodInternalError
-    types = [name for name, cls in (("aborted", tf.errors.AbortedError),
-                                    ("precondition", tf.errors.FailedPreconditionError),
+    types = [name for name, cls in (("aborted", Aborted), ("precondition", Precondition),
                                     ("internal", HorovodInternalError)) if isinstance(error, cls)]
     say(f"{kind}_CAUSE", getattr(error, "cause", "none"), getattr(error, "rank", "none"),
         ",".join(types))
@@ -100,6 +132,7 @@ def _dead_rank_collective():
     are, from the payload the compiled step carries)."""
     if os.environ.get("FAULT_XLA") != "1":
         return lambda x, name: hvd.allreduce(x, name=name)
+    assert FRAMEWORK == "tf", "FAULT_XLA=1 needs FAULT_FRAMEWORK=tf"
     from tfring.common import tf_errors
     step = tf.function(lambda x: hvd.allreduce(x, name="never_completes"), jit_compile=True)
     step(tf.ones([8]))
@@ -133,8 +166,8 @@ def dead_rank():
         raise ValueError("the victim gave up")
     _write(f"waiting.{hvd.rank()}", "1")
     try:
-        collective(tf.ones([8]), "never_completes")
-    except tf.errors.AbortedError as e:
+        collective(ones(8), "never_completes")
+    except Aborted as e:
         took = time.time() - float(open(os.path.join(DIR, "death_time")).read())
         say("DETECTED", f"{took:.3f}", one_line(e.message))
         say_failure("DETECTED", e)
@@ -144,8 +177,8 @@ def dead_rank():
     # A later collective fails the same way, at once.
     begin = time.time()
     try:
-        collective(tf.ones([8]), "later")
-    except tf.errors.AbortedError as e:
+        collective(ones(8), "later")
+    except Aborted as e:
         say("LATER", f"{time.time() - begin:.3f}", one_line(e.message))
         say_failure("LATER", e)
     say("DONE")
@@ -167,19 +200,22 @@ def stall():
     if hvd.rank() != 0:
         while hvd.is_initialized() and time.time() < begin + wait:
             time.sleep(0.05)
-    else:
-        _report_queued("queued.0")
     try:
-        out = hvd.allreduce(tf.ones([3]), op=hvd.Sum, name="stalled_tensor")
-        say("COMPLETED", f"{time.time() - begin:.3f}", out.numpy()[0])
-    except tf.errors.AbortedError as e:
+        if hvd.rank() == 0:
+            out = allreduce_reporting_queued(ones(3), "stalled_tensor", "queued.0")
+        else:
+            out = hvd.allreduce(ones(3), op=hvd.Sum, name="stalled_tensor")
+        say("COMPLETED", f"{time.time() - begin:.3f}", np.asarray(out)[0])
+    except Aborted as e:
         say("ABORTED", f"{time.time() - begin:.3f}", one_line(e.message))
         say_failure("ABORTED", e)
 
 
 def shutdown_pending():
     """Rank 0 starts a collective on a thread that rank 1 never submits, then
-    calls shutdown(); the pending collective must fail, not hang."""
+    calls shutdown(); the pending collective must fail, not hang. (TF only:
+    it is about the TF kernels' completion.)"""
+    assert FRAMEWORK == "tf", "shutdown_pending runs with FAULT_FRAMEWORK=tf"
     start()
     if hvd.rank() == 0:
         outcome = []
@@ -223,7 +259,7 @@ def loop():
     start()
     n = 0
     while True:
-        hvd.allreduce(tf.ones([256]), name="loop")
+        hvd.allreduce(ones(256), name="loop")
         n += 1
         if n == 20:
             _write(f"looping.{hvd.rank()}", "1")
@@ -235,7 +271,7 @@ def log():
     if RANK == 1:
         os.environ["TFRING_LOG_TIMESTAMPS"] = "1"
     start()
-    hvd.allgather(tf.ones([1]), name="log_gather")
+    hvd.allgather(ones(1), name="log_gather")
     hvd.shutdown()
     say("DONE")
 

@@ -1,5 +1,7 @@
 """Faults end to end: dead ranks, stalls, shutdown with work pending, Ctrl-C
-and logging, each in a real tfringrun job running tests/common/fault_worker.py.
+and logging, each in a real tfringrun job running tests/common/fault_worker.py
+(on tfring.core, and through tfring.tensorflow where the TF binding adds
+something: its steps compiled with XLA and its kernels on shutdown).
 
 Every job must end by itself (a hang shows up as tfringrun's --timeout exit
 code 124, never as a stuck test). The jobs are independent, so they run a few
@@ -38,6 +40,11 @@ _NEUTRAL_ENV = {f"{prefix}_{name}": "" for prefix in ("TFRING", "HOROVOD") for n
     "LOG_LEVEL", "LOG_TIMESTAMPS")}
 _NEUTRAL_ENV["FAULT_NO_WAIT"] = ""
 _NEUTRAL_ENV["FAULT_XLA"] = ""
+_NEUTRAL_ENV["FAULT_FRAMEWORK"] = ""
+# The jobs run on tfring.core (the faults are the core's and the launcher's,
+# and a rank starts in a fraction of a second instead of TensorFlow's
+# seconds); these run through tfring.tensorflow, for what the TF binding adds.
+TF = {"FAULT_FRAMEWORK": "tf"}
 
 # name -> (np, scenario, args, env). Dead-rank args: how the victim dies, victim.
 JOBS = {
@@ -49,8 +56,8 @@ JOBS = {
     "kill-np3-rank2": (3, "dead_rank", ["kill", "2"], {}),
     "kill-np3-rank0": (3, "dead_rank", ["kill", "0"], {}),
     # The survivors wait inside a step compiled with XLA (issue 24).
-    "kill-np2-xla": (2, "dead_rank", ["kill", "1"], {"FAULT_XLA": "1"}),
-    "kill-np3-rank2-xla": (3, "dead_rank", ["kill", "2"], {"FAULT_XLA": "1"}),
+    "kill-np2-xla": (2, "dead_rank", ["kill", "1"], {"FAULT_XLA": "1", **TF}),
+    "kill-np3-rank2-xla": (3, "dead_rank", ["kill", "2"], {"FAULT_XLA": "1", **TF}),
     # As kill-np3-rank2, but each survivor exits as soon as it has the news.
     "kill-np3-rank2-no-wait": (3, "dead_rank", ["kill", "2"], {"FAULT_NO_WAIT": "1"}),
     # Stalls: rank 0 waits on 'stalled_tensor'; rank 1 submits it after ARG s.
@@ -61,7 +68,7 @@ JOBS = {
     "stall-disabled": (2, "stall", ["3"], {"TFRING_STALL_CHECK_DISABLE": "1",
                                            "TFRING_STALL_CHECK_TIME_SECONDS": "1",
                                            "TFRING_STALL_SHUTDOWN_TIME_SECONDS": "1"}),
-    "shutdown-pending": (2, "shutdown_pending", [], {}),
+    "shutdown-pending": (2, "shutdown_pending", [], TF),
     "log-debug": (2, "log", [], {"TFRING_LOG_LEVEL": "debug"}),
     "ctrl-c": (2, "loop", [], {}),
     # Issue 8, item 10: SIGTERM to tfringrun while rank 0 is stalled in a
