@@ -39,24 +39,39 @@ SANITIZED_CXX = ["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined
 _objects_dir = None
 
 
-def _sanitized_object(source, flags, headers, timeout):
-    """The object file of `source` compiled under SANITIZED_CXX + `flags`,
-    from this test run's cache: most test programs link the same core files
-    with the same flags, and each compiles in seconds under the sanitizers.
-    The key covers the compiler line, the file and every header of the tree
-    (`headers`, a digest), so an edited file is compiled again."""
+def _ccache():
+    """ccache's command prefix, and the environment that lets two checkouts
+    share its entries ([], {} where ccache is missing). ccache keys an object
+    by the preprocessed source, the flags and the compiler, so the C++ test
+    programs compile only what changed since the last run, in any checkout
+    (CI's fresh clone included): paths are taken relative to the checkout,
+    and the working directory, which -g would put in the key, is left out."""
+    path = shutil.which("ccache")
+    if path is None:
+        return [], {}
+    return [path], {"CCACHE_BASEDIR": ROOT, "CCACHE_NOHASHDIR": "1"}
+
+
+def _object(source, command, headers, timeout):
+    """The object file of `source` compiled by `command` (compiler and
+    flags), from this test run's store: most test programs link the same
+    core files with the same flags. The store's key covers the command, the
+    file and every header of the tree (`headers`, a digest), so an edited
+    file is compiled again; across runs ccache answers (_ccache)."""
     global _objects_dir
     if _objects_dir is None:
-        _objects_dir = tempfile.mkdtemp(prefix="tfring-sanitized-objects-")
+        _objects_dir = tempfile.mkdtemp(prefix="tfring-test-objects-")
         atexit.register(shutil.rmtree, _objects_dir, True)
     with open(source, "rb") as f:
         key = hashlib.sha256(f.read())
-    key.update("\0".join([*SANITIZED_CXX, *flags, os.path.abspath(source), headers]).encode())
+    key.update("\0".join([*command, os.path.abspath(source), headers]).encode())
     obj = os.path.join(_objects_dir, key.hexdigest()[:32] + ".o")
     if not os.path.exists(obj):
         partial = obj + f".{os.getpid()}.{threading.get_ident()}.tmp"
-        build = subprocess.run([*SANITIZED_CXX, *flags, "-c", "-o", partial, source],
-                               capture_output=True, text=True, timeout=timeout)
+        prefix, env = _ccache()
+        build = subprocess.run([*prefix, *command, "-c", "-o", partial, source],
+                               capture_output=True, text=True, timeout=timeout,
+                               env={**os.environ, **env})
         assert build.returncode == 0, f"{source}:\n{build.stderr}"
         os.replace(partial, obj)
     return obj
@@ -76,20 +91,28 @@ def _headers_digest():
     return digest.hexdigest()
 
 
-def build_sanitized_cpp(binary, sources, flags=(), libs=(), build_timeout=900):
-    """Builds a C++ test program under ASan/UBSan; fails with the compiler's
-    output. Returns the binary's path (a str). Each file is compiled once per
-    test run and flag set (on every core at once) and linked per program;
-    a program's first build is ~1 min of CPU, and minutes of wall time
-    under load."""
+def build_cpp(binary, sources, command, libs=(), flags_for=None, timeout=900):
+    """Builds a C++ program from `sources` with `command` (the compiler and
+    its flags, a list; `flags_for(source)` adds a file's own flags) and
+    links it with `libs`; fails with the compiler's output. Each file is
+    compiled once per test run and command, on every core at once, and
+    ccache keeps the objects across runs. Returns the binary's path (a str)."""
     headers = _headers_digest()
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         objects = list(pool.map(
-            lambda src: _sanitized_object(src, list(flags), headers, build_timeout), sources))
-    link = subprocess.run([*SANITIZED_CXX, *flags, "-o", str(binary), *objects, *libs],
-                          capture_output=True, text=True, timeout=build_timeout)
-    assert link.returncode == 0, link.stderr
+            lambda src: _object(src, [*command, *(flags_for(src) if flags_for else [])],
+                                headers, timeout), sources))
+    link = subprocess.run([*command, "-o", str(binary), *objects, *libs],
+                          capture_output=True, text=True, timeout=timeout)
+    assert link.returncode == 0, link.stderr[-5000:]
     return str(binary)
+
+
+def build_sanitized_cpp(binary, sources, flags=(), libs=(), build_timeout=900):
+    """Builds a C++ test program under ASan/UBSan (build_cpp with
+    SANITIZED_CXX and `flags`); a cold build of a program is ~1 min of CPU,
+    and minutes of wall time under load. Returns the binary's path."""
+    return build_cpp(binary, sources, [*SANITIZED_CXX, *flags], libs, timeout=build_timeout)
 
 
 def run_sanitized_cpp_test(binary, sources, flags=(), libs=(), build_timeout=900):
@@ -111,25 +134,30 @@ def run_python(code, timeout=120, env=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_rank_suite(np_, suite_dir, timeout=600, env=None, python=sys.executable, args=(),
+def run_rank_suite(np_, suites, timeout=600, env=None, python=sys.executable, args=(),
                    controller=None):
-    """Runs a */ranks/ pytest suite on every rank (with `python`, extra
-    pytest `args`, under `controller`) and fails with each rank's report if
-    any rank failed."""
+    """Runs */ranks/ pytest suites (`suites`: a directory or file, or a list
+    of them, collected by one pytest in each rank: one launch for them all)
+    on every rank, with `python`, extra pytest `args`, under `controller`;
+    fails with each rank's report if any rank failed. The failure names the
+    configuration; pytest's own lines, each prefixed with its rank, name the
+    test."""
+    suites = [suites] if isinstance(suites, (str, os.PathLike)) else list(suites)
     env = dict(env or {}, TFRING_RANK_TESTS="1")
-    result = tfringrun(np_, [python, "-m", "pytest", suite_dir, "-q", "-p",
+    result = tfringrun(np_, [python, "-m", "pytest", *map(str, suites), "-q", "-p",
                              "no:cacheprovider", *args],
                        timeout=timeout, env=env, python=python, controller=controller)
+    where = " + ".join(os.path.relpath(str(s), ROOT) for s in suites)
     assert result.returncode == 0, (
-        f"{suite_dir} failed at np={np_} under {controller or 'the default controller'} "
+        f"{where} failed at np={np_} under {controller or 'the default controller'} "
         f"(exit {result.returncode}):\n{result.stdout[-20000:]}")
     return result.stdout
 
 
-def check_rank_suite(np_, suite_dir, controller=None, **kwargs):
+def check_rank_suite(np_, suites, controller=None, **kwargs):
     """run_rank_suite, then checks that every rank reported its own pass
     line; returns the output."""
-    output = run_rank_suite(np_, suite_dir, controller=controller, **kwargs)
+    output = run_rank_suite(np_, suites, controller=controller, **kwargs)
     passed = {r for r, text in rank_lines(output) if re.search(r"\d+ passed", text)}
     assert sorted(passed) == list(range(np_)), output[-5000:]
     return output
