@@ -13,7 +13,7 @@ import sysconfig
 
 import pytest
 
-from support import ROOT, missing_tool
+from support import ROOT, build_cpp, missing_tool
 from tfring.build.unit_tests import unit_test_sources
 
 # The labels conformance_test.cc gives its planes (MakePlanes()).
@@ -30,30 +30,6 @@ def _mpi_bin(name):
     return path if os.path.exists(path) else shutil.which(name)
 
 
-def _compile(cxx, sources, out):
-    """Compiles `sources` two at a time (the CI machines have 2 cores) and
-    links them; returns the binary."""
-    flags = ["-std=c++17", "-O1", "-g", "-Wall"]
-    objects = []
-    for i in range(0, len(sources), 2):
-        procs = []
-        for src in sources[i:i + 2]:
-            obj = str(out / (os.path.relpath(src, ROOT).replace(os.sep, "_") + ".o"))
-            extra = ["-Werror"] if src.endswith(STRICT) else []
-            procs.append((src, subprocess.Popen([cxx, *flags, *extra, "-c", src, "-o", obj],
-                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                text=True)))
-            objects.append(obj)
-        for src, p in procs:
-            text, _ = p.communicate(timeout=600)
-            assert p.returncode == 0, f"{src}:\n{text}"
-    binary = str(out / "conformance_test")
-    link = subprocess.run([cxx, *flags, *objects, "-o", binary, "-lpthread"],
-                          capture_output=True, text=True, timeout=300)
-    assert link.returncode == 0, link.stderr[-5000:]
-    return binary
-
-
 @pytest.fixture(scope="module")
 def conformance_run(tmp_path_factory):
     """run(np) -> {(plane, rank): (checks, failed)} and the job's output,
@@ -61,8 +37,10 @@ def conformance_run(tmp_path_factory):
     cxx = _mpi_bin("mpicxx")
     if cxx is None:
         missing_tool("mpicxx (pip install mpich)")
-    binary = _compile(cxx, unit_test_sources("conformance_test.cc", ROOT),
-                      tmp_path_factory.mktemp("conformance"))
+    binary = build_cpp(tmp_path_factory.mktemp("conformance") / "conformance_test",
+                       unit_test_sources("conformance_test.cc", ROOT),
+                       [cxx, "-std=c++17", "-O1", "-g", "-Wall"], libs=["-lpthread"],
+                       flags_for=lambda src: ["-Werror"] if src.endswith(STRICT) else [])
 
     @functools.lru_cache(maxsize=None)
     def run(np_):

@@ -319,13 +319,9 @@ def test_idle_world_stays_alive_on_heartbeats(comm_test, tmp_path, np_):
 
 
 def test_short_seeded_fuzz_run_of_the_peer_frames(tmp_path):
-    binary = tmp_path / "fuzz_peer_frame"
-    cmd = ["g++", "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=undefined", "-Wall", "-Wextra", "-Werror",
-           "-DTFRING_SEEDED_DRIVER", "-o", str(binary),
-           *unit_test_sources("fuzz/fuzz_peer_frame.cc", ROOT)]
-    build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stderr
+    binary = build_sanitized_cpp(tmp_path / "fuzz_peer_frame",
+                                 unit_test_sources("fuzz/fuzz_peer_frame.cc", ROOT),
+                                 flags=["-Wextra", "-DTFRING_SEEDED_DRIVER"], build_timeout=600)
     for seed in (1, 2):
         result = subprocess.run([str(binary), str(seed), "200000"], capture_output=True,
                                 text=True, timeout=300)

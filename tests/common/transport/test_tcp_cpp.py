@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from support import ROOT
+from support import ROOT, build_cpp
 from tfring.build.unit_tests import unit_test_sources
 from tfring.runner import wire
 from tfring.runner.topology import Registration, derive_topology
@@ -28,10 +28,8 @@ pytestmark = pytest.mark.needs_tool("g++")
 
 
 def build(out, program, defines=()):
-    cmd = ["g++", *FLAGS, *defines, "-o", str(out), *unit_test_sources(program, ROOT)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    return str(out)
+    return build_cpp(out, unit_test_sources(program, ROOT), ["g++", *FLAGS, *defines],
+                     timeout=600)
 
 
 @pytest.fixture(scope="module")
