@@ -165,6 +165,10 @@ EXTRAS = {
     # build with NVIDIA's wheels (a few GB); pin a CPU build where none is
     # needed (requirements-dev.txt does).
     "torch": ["torch>=2.1"],
+    # What the examples need beyond tfring and TensorFlow: scikit-learn ships
+    # the handwritten digits they train on (nothing is downloaded). The
+    # README's Quick start installs it with TensorFlow.
+    "examples": ["scikit-learn"],
 }
 
 setup(

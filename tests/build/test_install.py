@@ -3,7 +3,7 @@
 One fresh virtual environment goes through these steps in order (its
 fixtures build on each other, so each step runs once):
 
-1. The README's user set-up, ``pip install '<checkout>[tensorflow]'`` (pinned
+1. The README's user set-up, ``pip install '<checkout>[tensorflow,examples]'`` (pinned
    to TensorFlow NEWEST) in a venv that has only pip: tfring's dependencies
    and TensorFlow come from that one command, and pip's default build
    isolation hides TF from the build: nothing is compiled, and
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.install
 
 NEWEST = ("2.21.0", "2.21.0")  # (tensorflow-cpu, tf_keras)
 OLDEST = ("2.16.2", "2.16.0")
-TEST_PACKAGES = ["scikit-learn", "pytest"]  # for the examples and the rank suites
+TEST_PACKAGES = ["pytest"]  # for the rank suites (the examples' scikit-learn is an extra)
 COMPILING = re.compile(r"tfring: compiling the op library for TensorFlow (\S+)")
 
 
@@ -105,11 +105,11 @@ def _digits(env, tag):
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """Step 1: a fresh venv, then `pip install '<checkout>[tensorflow]'`, the
+    """Step 1: a fresh venv, then `pip install '<checkout>[tensorflow,examples]'`, the
     TensorFlow extra pinned to NEWEST (so that the test knows which it gets)."""
     env = Env(str(tmp_path_factory.mktemp("install")))
     subprocess.run([sys.executable, "-m", "venv", env.dir], check=True, timeout=300)
-    result = env.pip(f"{ROOT}[tensorflow]", f"tensorflow-cpu=={NEWEST[0]}")
+    result = env.pip(f"{ROOT}[tensorflow,examples]", f"tensorflow-cpu=={NEWEST[0]}")
     env.install_seconds = result.seconds
     env.pip(*TEST_PACKAGES)
     env.install_tf_keras(NEWEST[1])
