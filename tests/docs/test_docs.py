@@ -1,11 +1,19 @@
 """The docs are linked and their runnable commands run.
 
-Convention: a fenced code block whose info string is ``bash runnable`` is
-run, as a bash script with ``set -euo pipefail``, from the repository root,
-with this Python's bin directory first on PATH (so ``tfringrun``, ``python``
-and ``mpiexec`` are this environment's). Plain ``bash`` blocks are examples
-that need something a test machine lacks (other hosts, Docker, a cluster)
-and are not run. Runnable blocks must be quick: each has a time limit.
+Convention: every fenced ``bash`` block says how it is checked, in its info
+string:
+
+- ``bash runnable``: run here, as a bash script with ``set -euo pipefail``,
+  from the repository root, with this Python's bin directory first on PATH
+  (so ``tfringrun``, ``python`` and ``mpiexec`` are this environment's).
+  Runnable blocks must be quick: each has a time limit.
+- ``bash quickstart`` (README only): the Quick start, run in a fresh
+  virtual environment by tests/build/test_quickstart.py.
+- ``bash ci``: run by CI's ``.ci/run``; each command must appear there.
+- ``bash not-run: <why>``: needs what a test machine lacks (other hosts,
+  Docker, a GPU, a cluster, the reader's own script), and says so.
+
+A plain ``bash`` block fails the suite: nobody would know whether it works.
 """
 import glob
 import os
@@ -18,7 +26,8 @@ import pytest
 from support import ROOT
 
 PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT)
-                               for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+                               for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [
+    "tests/README.md"]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 BLOCK_TIMEOUT = 600
@@ -36,6 +45,41 @@ def runnable_blocks():
             if info.split() == ["bash", "runnable"]:
                 blocks.append(pytest.param(page, body, id=f"{page}#{i}"))
     return blocks
+
+
+BASH_CHECKS = ("runnable", "ci")
+
+
+def bash_blocks():
+    """(page, index, info, body) of every fenced bash block."""
+    return [(page, i, info, body) for page in PAGES
+            for i, (info, body) in enumerate(FENCE.findall(_read(page)))
+            if info.split()[:1] == ["bash"]]
+
+
+def test_every_bash_block_says_how_it_is_checked():
+    unmarked = []
+    for page, i, info, _ in bash_blocks():
+        rest = info.split(None, 1)[1].strip() if len(info.split()) > 1 else ""
+        if rest in BASH_CHECKS or (page == "README.md" and rest == "quickstart"):
+            continue
+        if rest.startswith("not-run:") and rest[len("not-run:"):].strip():
+            continue
+        unmarked.append(f"{page}#{i}: ```{info}")
+    assert not unmarked, ("bash blocks that say neither how they are run nor why they are not "
+                          "(see this file's docstring):\n" + "\n".join(unmarked))
+
+
+def test_ci_blocks_are_what_ci_runs():
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = " ".join(f.read().split())
+    blocks = [(page, body) for page, _, info, body in bash_blocks() if info.split()[1:] == ["ci"]]
+    assert blocks, "no `bash ci` block: the README's set-up and test command are CI's"
+    for page, body in blocks:
+        for command in re.split(r"&&|\n", body):
+            command = " ".join(command.split())
+            if command:
+                assert command in ci, f"{page}: `{command}` is not in .ci/run"
 
 
 def test_there_are_runnable_blocks_in_every_guide():
