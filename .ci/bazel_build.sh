@@ -15,6 +15,8 @@
 # .bazelrc); set BAZEL_OFFLINE=0/1 to override.
 #
 # Other knobs: BAZEL_JOBS (default 2), BAZEL_RAM_MB (default 4096),
+# BAZEL_DISK_CACHE (Bazel's --disk_cache, default ~/.cache/tfring-bazel: a
+# rebuild of unchanged sources reuses every action; "" turns it off),
 # BAZEL_EXTRA_ARGS (appended to `bazel build`).
 set -euo pipefail
 
@@ -61,6 +63,10 @@ args=(
 )
 if [[ "$BAZEL_OFFLINE" == 1 ]]; then
   args+=(--config=offline)
+fi
+disk_cache="${BAZEL_DISK_CACHE-$HOME/.cache/tfring-bazel}"
+if [[ -n "$disk_cache" ]]; then
+  args+=(--disk_cache="$disk_cache")
 fi
 # shellcheck disable=SC2206
 args+=(${BAZEL_EXTRA_ARGS:-} //tf_ops:tfring_ops)
