@@ -93,7 +93,10 @@ def test_failing_rank_stops_the_job(tmp_path, controller):
             sys.exit(3)
         time.sleep(30)
     """)
-    proc, took = tfringrun(*controller, "-np", "3", sys.executable, "-c", script, str(tmp_path))
+    # The survivors' grace before they are stopped, short (the product's own
+    # option): the test is about the stop, not the grace's default length.
+    proc, took = tfringrun(*controller, "-np", "3", "--failure-grace-seconds", "1",
+                           sys.executable, "-c", script, str(tmp_path))
     assert proc.returncode == 3
     assert "tfringrun: rank 1 exited with code 3; stopping the job." in proc.stderr
     assert took < 10
@@ -106,7 +109,8 @@ def test_rank_killed_by_signal_is_reported(tmp_path, controller):
             os.kill(os.getpid(), 9)
         time.sleep(30)
     """)
-    proc, took = tfringrun(*controller, "-np", "2", sys.executable, "-c", script, str(tmp_path))
+    proc, took = tfringrun(*controller, "-np", "2", "--failure-grace-seconds", "1",
+                           sys.executable, "-c", script, str(tmp_path))
     assert proc.returncode == 128 + 9
     assert "rank 1 was killed by signal 9 (SIGKILL)" in proc.stderr
     assert took < 10
@@ -197,7 +201,8 @@ STOPPABLE_RANK = textwrap.dedent("""
 _STOP_PATHS = {
     "sigterm": ((), "wait", signal.SIGTERM, 143),
     "sigint": ((), "wait", signal.SIGINT, 130),
-    "timeout": (("--timeout", "10"), "wait", None, 124),
+    # Long enough for every rank to be ready first (the test waits for that).
+    "timeout": (("--timeout", "5"), "wait", None, 124),
     "failed-peer": (("--failure-grace-seconds", "1"), "fail", None, 3),
     "sigterm-ignored": ((), "ignore-term", signal.SIGTERM, 143),
 }

@@ -233,7 +233,8 @@ def test_unreachable_host_fails_the_job_at_once(fake_ssh, tmp_path):
 def test_failing_remote_rank_stops_every_rank(fake_ssh, tmp_path):
     env, _ = fake_ssh
     script = RECORD_PIDS + "sys.exit(4) if rank == 2 else time.sleep(60)\n"
-    proc, took = tfringrun("--tcp", "-H", "localhost:1,fake-a:1,fake-b:1", sys.executable,
+    proc, took = tfringrun("--tcp", "-H", "localhost:1,fake-a:1,fake-b:1",
+                           "--failure-grace-seconds", "1", sys.executable,
                            "-c", script, str(tmp_path), env=env)
     assert proc.returncode == 4, proc.stderr
     assert "tfringrun: rank 2 (on " in proc.stderr and "exited with code 4; stopping the job." \
