@@ -1,8 +1,9 @@
 """The TensorFlow framework's rank suites, one launch per configuration: the
 TF ops (tests/tensorflow/ranks/) and, from 2 ranks on, Keras 3 on top of
 them (tests/keras/ranks/, tf.keras's default), collected by one pytest in
-each rank. Each size runs once, and np=3 under each controller; the bit-exact
-numerics suite runs alone on 4 ranks.
+each rank. Each size runs once, the controllers in turn (what the binding
+adds does not depend on the controller); the bit-exact numerics suite runs
+alone on 4 ranks.
 
 The np x controller x plane matrix of the collectives themselves is the C++
 conformance suite's (tests/common/ops/test_conformance_cpp.py) and the
@@ -18,7 +19,7 @@ from support import ROOT, check_rank_suite
 
 SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks")
 KERAS_SUITE = os.path.join(ROOT, "tests", "keras", "ranks")
-CONFIGURATIONS = [(1, "mpi"), (2, "tcp"), (3, "mpi"), (3, "tcp")]
+CONFIGURATIONS = [(1, "mpi"), (2, "tcp"), (3, "mpi")]
 
 
 @pytest.mark.parametrize("np_, controller", CONFIGURATIONS,
@@ -26,7 +27,7 @@ CONFIGURATIONS = [(1, "mpi"), (2, "tcp"), (3, "mpi"), (3, "tcp")]
 def test_rank_suites(np_, controller, monkeypatch):
     # Keras 3 is what tf.keras gives when TF_USE_LEGACY_KERAS is unset.
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
-    suites = [SUITE, KERAS_SUITE] if np_ >= 2 and (np_, controller) != (3, "tcp") else [SUITE]
+    suites = [SUITE, KERAS_SUITE] if np_ >= 2 else [SUITE]
     check_rank_suite(np_, suites, controller)
 
 
