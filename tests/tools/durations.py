@@ -14,7 +14,10 @@ says it does:
 - ``compile``: children's CPU in a test that ran a compiler or build tool;
 - ``in-process``: the pytest process's own CPU;
 - ``waiting``: wall time that no CPU accounts for, with the machine's cores
-  counted (timeouts, sleeps, peers that wait for each other).
+  counted (timeouts, sleeps, peers that wait for each other). Work done in
+  processes the test does not reap itself counts here too: Ray's workers
+  and Spark's JVM are children of Ray's and Spark's own daemons, so a Ray or
+  Spark test's work shows as waiting.
 
 On 2 cores a test whose children keep both busy shows twice its wall time of
 CPU; the kinds are scaled down to the wall time then, so that each row adds
