@@ -1,7 +1,7 @@
 """The TF ops on every CPU data plane: the collective x dtype x op checks of
 ranks/test_collectives.py with each plane forced for every message size,
-under each controller that has it (np=2 or 3); and the planes the core picks
-itself (auto on one host, auto and hierarchical across fake hosts). The
+under each controller that has it (np=2 or 3). The plane the core picks by
+itself is tests/common/ops/test_plane_choice.py's (on tfring.core). The
 planes' thresholds and every size around them are the C++ conformance
 suite's (tests/common/ops/test_conformance_cpp.py); this checks that the TF
 ops reach each plane whole (scaling, averaging, dtypes, grouping, eager and
@@ -40,15 +40,6 @@ FORCED = {
                                   "TFRING_HIERARCHICAL_ALLREDUCE": "1"}, "hierarchical"),
     # Neither shm nor ring: the transport's own plane.
     "mpi": (lambda np_: {"TFRING_CPU_OPERATIONS": "mpi"}, "MPI"),
-}
-# The core's own choice: name -> (np, environment, the plane it must pick).
-CHOSEN = {
-    "auto-one-host-np2": (2, {"TFRING_CPU_OPERATIONS": "auto"}, "SHM"),
-    "auto-hosts-a,a,b-np3": (3, {"TFRING_CPU_OPERATIONS": "auto", "TFRING_HOSTNAME": "a,a,b"},
-                             "ring"),
-    # Two ranks per host: the hierarchical plane's two lanes.
-    "hierarchical-a,a,b,b-np4": (4, {"TFRING_HOSTNAME": "a,a,b,b",
-                                     "TFRING_HIERARCHICAL_ALLREDUCE": "1"}, "hierarchical"),
 }
 # Segment names are /tfring-<pid of rank 0>-<counter>-<random>.
 SEGMENT = re.compile(r"^tfring-(\d+)-")
@@ -101,15 +92,3 @@ FORCED_CASES = [("shm", "mpi", 3), ("shm", "tcp", 2), ("ring", "mpi", 2), ("ring
 def test_collectives_on_plane(plane, controller, np_, tmp_path):
     env_for, name = FORCED[plane]
     _run(np_, controller, dict(CUT_OVERS, **env_for(np_)), name, tmp_path)
-
-
-# The core's own choice, each case under one controller, the two in turn.
-@pytest.mark.parametrize("case,controller", [(case, ("mpi", "tcp")[i % 2])
-                                             for i, case in enumerate(CHOSEN)])
-def test_collectives_on_the_chosen_plane(case, controller, tmp_path):
-    np_, env, name = CHOSEN[case]
-    # The default cut-overs on one host (shm only from its minimum size up);
-    # across hosts every size takes the cross-host plane.
-    if "TFRING_HOSTNAME" in env:
-        env = dict(env, TFRING_CROSS_HOST_MIN_BYTES="0")
-    _run(np_, controller, env, name, tmp_path)
