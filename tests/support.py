@@ -144,7 +144,11 @@ def run_rank_suite(np_, suites, timeout=600, env=None, python=sys.executable, ar
     test."""
     suites = [suites] if isinstance(suites, (str, os.PathLike)) else list(suites)
     env = dict(env or {}, TFRING_RANK_TESTS="1")
-    result = tfringrun(np_, [python, "-m", "pytest", *map(str, suites), "-q", "-p",
+    # -x: a rank whose test fails stops there, with pytest's summary naming
+    # the test. Its peers, which may be waiting in that test's next
+    # collective, then hear that the rank has finished, fail and stop too,
+    # instead of waiting out the job's timeout with the name unprinted.
+    result = tfringrun(np_, [python, "-m", "pytest", *map(str, suites), "-q", "-x", "-p",
                              "no:cacheprovider", *args],
                        timeout=timeout, env=env, python=python, controller=controller)
     where = " + ".join(os.path.relpath(str(s), ROOT) for s in suites)
