@@ -84,9 +84,16 @@ def _linear_loop(config):
     if rank == config.get("kill_rank"):
         callbacks.append(KillMidEpoch())
     x, y = training_reference.local_data(rank, size)
-    history = model.fit(x, y, batch_size=training_reference.BATCH, epochs=config["epochs"],
-                        initial_epoch=initial_epoch, shuffle=False, verbose=0,
-                        callbacks=callbacks)
+    try:
+        history = model.fit(x, y, batch_size=training_reference.BATCH,
+                            epochs=config["epochs"], initial_epoch=initial_epoch,
+                            shuffle=False, verbose=0, callbacks=callbacks)
+    except Exception as e:
+        from tfring.common.exceptions import failure_of
+        cause, failed = failure_of(e) or (None, None)
+        with open(os.path.join(config["out"], f"error-{rank}-{os.getpid()}.json"), "w") as f:
+            json.dump({"cause": cause and str(cause), "rank": failed}, f)
+        raise
     np.savez(os.path.join(config["out"], f"final-{rank}.npz"), *model.get_weights(),
              loss=np.asarray(history.history["loss"]),
              initial_epoch=initial_epoch)
@@ -221,6 +228,9 @@ def test_killed_worker_group_restarts_from_the_last_checkpoint(ray_cluster, tmp_
     # A new job: new processes, a new store and secret.
     assert not {s["pid"] for s in first} & {s["pid"] for s in second}
     assert first[0]["secret"] != second[0]["secret"]
+    # The survivor's fit ended with tfring's error naming the lost rank
+    # (it did not wait in its collective until Ray ended it).
+    assert _seen(tmp_path, "error") == [{"cause": "peer_failure", "rank": 1}]
     # The second attempt went on from the checkpoint of epoch 0 and ended
     # where an uninterrupted run ends.
     ref_w, ref_b = training_reference.reference(size, epochs=epochs)

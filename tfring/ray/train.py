@@ -26,7 +26,7 @@ import ray
 from ray.train.backend import Backend, BackendConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from tfring._store import wire
+from tfring.runner import wire
 from tfring.runner import engine_env, start_rendezvous
 
 # Variables the backend decides for each group; a user's env_vars may not
