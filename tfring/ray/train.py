@@ -105,11 +105,9 @@ class TfringConfig(BackendConfig):
 
 # -- what runs in each worker (module functions: Ray pickles them by name) --
 
-def _describe_worker():
-    """(node address, pid) of this worker: Ray numbers ranks node by node,
-    by node address."""
-    import os
-    return ray.util.get_node_ip_address(), os.getpid()
+def _node_address():
+    """This worker's node address: what Ray groups its ranks by."""
+    return ray.util.get_node_ip_address()
 
 
 def _set_environment(env):
@@ -149,9 +147,7 @@ class _TfringBackend(Backend):
         # A group that Ray aborted never had on_shutdown: its store goes now.
         self._stop_store()
         timeout = backend_config.setup_timeout_s
-        described = _get(worker_group.execute_async(_describe_worker), timeout,
-                         "report their node")
-        hosts = [address for address, _ in described]
+        hosts = _get(worker_group.execute_async(_node_address), timeout, "report their node")
         secret = wire.generate_secret()
         store, addr, port = start_rendezvous(ray.util.get_node_ip_address(), 0, secret)
         try:
