@@ -158,7 +158,9 @@ EXTRAS = {
             "nvidia-cuda-nvcc-cu12", "nvidia-cuda-cccl-cu12"],
     # The cluster engines, for tfring.ray and tfring.spark only; the core
     # never imports them.
-    "ray": ["ray>=2.9"],
+    # ray[train]: Ray Train V2 (TfringTrainer) and what it imports (pandas,
+    # pyarrow, pydantic); RayExecutor alone needs only ray core.
+    "ray": ["ray[train]>=2.60"],
     "spark": ["pyspark>=3.4"],
     # PyTorch, for tfring.torch only (pure Python over tfring.core; nothing
     # else of tfring imports torch). An unpinned torch from PyPI is a CUDA

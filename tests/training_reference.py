@@ -48,9 +48,11 @@ def _as_float64(weights):
     return tuple(v.astype(np.float64) for v in weights)
 
 
-def reference(size, steps=STEPS, accumulate=1, lr=LR, first_step_from_own_weights=False):
+def reference(size, steps=STEPS, accumulate=1, lr=LR, first_step_from_own_weights=False,
+              epochs=1):
     """One process, batch size*BATCH, from rank 0's initial weights. With
-    accumulate=k it sums the gradients of k consecutive batches per update.
+    accumulate=k it sums the gradients of k consecutive batches per update;
+    with epochs=n it goes over the `steps` batches n times (fit's epochs).
 
     With first_step_from_own_weights, the first update is what `size` ranks
     do when their variables are broadcast only at the end of the first batch
@@ -60,8 +62,9 @@ def reference(size, steps=STEPS, accumulate=1, lr=LR, first_step_from_own_weight
     x, y = global_data(size)
     w, b = _as_float64(initial_weights(0))
     gw, gb = 0, 0
-    for step in range(steps):
-        if step == 0 and first_step_from_own_weights:
+    for done in range(epochs * steps):
+        step = done % steps
+        if done == 0 and first_step_from_own_weights:
             per_rank = [_gradient(*_as_float64(initial_weights(r)), local_batch(x, 0, r, size),
                                   local_batch(y, 0, r, size)) for r in range(size)]
             dw, db = (np.mean(g, 0) for g in zip(*per_rank))
@@ -69,7 +72,7 @@ def reference(size, steps=STEPS, accumulate=1, lr=LR, first_step_from_own_weight
             rows = slice(step * size * BATCH, (step + 1) * size * BATCH)
             dw, db = _gradient(w, b, x[rows], y[rows])
         gw, gb = gw + dw, gb + db
-        if (step + 1) % accumulate == 0:
+        if (done + 1) % accumulate == 0:
             w, b = w - lr * gw, b - lr * gb
             gw, gb = 0, 0
     return w, b
