@@ -161,6 +161,48 @@ def test_elastic_run_raises_the_failing_workers_exception():
     assert info.value.rank == 1
 
 
+def end_in_order(pids, failing, elastic):
+    """Rank 0 returns first; rank 1 returns once rank 0's process has gone.
+    Rank `failing` then exits 3 from an exit handler, after its result."""
+    import atexit
+    import time
+    if elastic:
+        from tfring.common import elastic as membership
+        membership.join_round()
+    rank = launch_rank()
+    with open(os.path.join(pids, f"pid.{rank}.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(pids, f"pid.{rank}.tmp"), os.path.join(pids, f"pid.{rank}"))
+    deadline = time.monotonic() + 60
+    while rank == 1 and time.monotonic() < deadline:
+        try:
+            with open(os.path.join(pids, "pid.0")) as f:
+                os.kill(int(f.read()), 0)
+        except (FileNotFoundError, ProcessLookupError):
+            if os.path.exists(os.path.join(pids, "pid.0")):
+                break
+        time.sleep(0.05)
+    if rank == failing:
+        # Registered last, so it runs first: it also skips elastic's own
+        # exit handler, leaving tfring.run's word that the function returned.
+        atexit.register(os._exit, 3)
+    return rank
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_rank_exiting_non_zero_after_its_function_returned_fails_the_call(
+        tmp_path, elastic, failing):
+    # The exit-code rule (docs/elastic.md), in both orders of finishing: the
+    # first rank to end fails, or the last one does.
+    options = (dict(min_num_proc=2, max_num_proc=2, host_discovery_script="echo localhost:2")
+               if elastic else dict(use_gloo=True))
+    with pytest.raises(RankFailedError, match="exit code 3") as info:
+        tfring.run(end_in_order, args=(str(tmp_path), failing, elastic), num_proc=2,
+                   timeout=120, **options)
+    assert info.value.exit_code == 3
+
+
 def test_results_travel_through_a_given_run_dir_and_it_is_left_clean(tmp_path):
     assert tfring.run(launch_rank, num_proc=2, use_gloo=True, run_dir=tmp_path,
                       timeout=120) == [0, 1]

@@ -224,6 +224,14 @@ def join_round():
     return _membership.join()
 
 
+def report_finished():
+    """Tells the driver this worker finished: a non-zero exit after this
+    fails the job rather than counting as a lost worker. ``elastic.run``
+    calls it when its function returns, and an exit handler when the script
+    ends; ``tfring.run`` when its function returns."""
+    _membership.report_finished()
+
+
 def round_replaced():
     """True when the driver has published a round newer than this worker's."""
     return _membership.latest_round() > _membership.round
