@@ -10,12 +10,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import exit_rule_support  # noqa: E402
 import tfring  # noqa: E402
+from exit_rule_support import end_in_order  # noqa: E402
 from launch_support import processes_with  # noqa: E402
 from tfring.runner import RankFailedError  # noqa: E402
 
 # The ranks cannot import this test module: send its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(exit_rule_support)
 
 CONTROLLERS = {"mpi": {"use_mpi": True}, "tcp": {"use_gloo": True}}
 
@@ -159,34 +162,6 @@ def test_elastic_run_raises_the_failing_workers_exception():
                    host_discovery_script="echo localhost:2", env={"FAIL_RANK": "1"},
                    timeout=180)
     assert info.value.rank == 1
-
-
-def end_in_order(pids, failing, elastic):
-    """Rank 0 returns first; rank 1 returns once rank 0's process has gone.
-    Rank `failing` then exits 3 from an exit handler, after its result."""
-    import atexit
-    import time
-    if elastic:
-        from tfring.common import elastic as membership
-        membership.join_round()
-    rank = launch_rank()
-    with open(os.path.join(pids, f"pid.{rank}.tmp"), "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(os.path.join(pids, f"pid.{rank}.tmp"), os.path.join(pids, f"pid.{rank}"))
-    deadline = time.monotonic() + 60
-    while rank == 1 and time.monotonic() < deadline:
-        try:
-            with open(os.path.join(pids, "pid.0")) as f:
-                os.kill(int(f.read()), 0)
-        except (FileNotFoundError, ProcessLookupError):
-            if os.path.exists(os.path.join(pids, "pid.0")):
-                break
-        time.sleep(0.05)
-    if rank == failing:
-        # Registered last, so it runs first: it also skips elastic's own
-        # exit handler, leaving tfring.run's word that the function returned.
-        atexit.register(os._exit, 3)
-    return rank
 
 
 @pytest.mark.parametrize("elastic", [False, True])
