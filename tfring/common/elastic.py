@@ -32,6 +32,7 @@ _TRUE = ("1", "true", "yes", "on")
 # says otherwise (it passes its --elastic-timeout).
 DEFAULT_TIMEOUT = 600.0
 _POLL = 0.1
+_EXIT_LOCK_TIMEOUT = 5.0
 
 
 def enabled(env=None):
@@ -175,13 +176,17 @@ class _Membership:
         finished fails the job instead of counting as a lost worker."""
         if finished == self.finished:
             return
+        # At interpreter exit a daemon thread may hold the lock for ever.
+        if not self.lock.acquire(timeout=_EXIT_LOCK_TIMEOUT):
+            return
         try:
-            with self.lock:
-                self._call("set", protocol.SCOPE, protocol.FINISHED_PREFIX + self.worker_id,
-                           b"1" if finished else b"0")
+            self._call("set", protocol.SCOPE, protocol.FINISHED_PREFIX + self.worker_id,
+                       b"1" if finished else b"0")
             self.finished = finished
         except Exception:  # noqa: BLE001 - without the store there is no driver to tell
             pass
+        finally:
+            self.lock.release()
 
     def report_error(self, exc):
         """Leaves the exception that ends this worker for the driver to name."""
