@@ -15,9 +15,9 @@ Policy:
 
 * ``-np`` workers start; once the discovery script reports new slots, the
   job grows up to ``--max-np``.
-* A worker that dies (killed, crashed) without reporting an exception is
-  lost: a new round is published without it. So is a worker that a peer
-  reports gone (its host went silent: cut off the network, powered off):
+* A worker that dies (killed, crashed) before it finished and without
+  reporting an exception is lost: a new round is published without it.
+  So is a worker that a peer reports gone (its host went silent: cut off the network, powered off):
   the driver stops it and leaves it out of the next round at once, without
   waiting to see its process end. Its slot stays empty until
   the discovery script's line for that host changes (a host that is
