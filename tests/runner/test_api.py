@@ -10,12 +10,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import exit_rule_support  # noqa: E402
 import tfring  # noqa: E402
+from exit_rule_support import end_in_order  # noqa: E402
 from launch_support import processes_with  # noqa: E402
 from tfring.runner import RankFailedError  # noqa: E402
 
 # The ranks cannot import this test module: send its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(exit_rule_support)
 
 CONTROLLERS = {"mpi": {"use_mpi": True}, "tcp": {"use_gloo": True}}
 
@@ -159,6 +162,20 @@ def test_elastic_run_raises_the_failing_workers_exception():
                    host_discovery_script="echo localhost:2", env={"FAIL_RANK": "1"},
                    timeout=180)
     assert info.value.rank == 1
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_rank_exiting_non_zero_after_its_function_returned_fails_the_call(
+        tmp_path, elastic, failing):
+    # The exit-code rule (docs/elastic.md), in both orders of finishing: the
+    # first rank to end fails, or the last one does.
+    options = (dict(min_num_proc=2, max_num_proc=2, host_discovery_script="echo localhost:2")
+               if elastic else dict(use_gloo=True))
+    with pytest.raises(RankFailedError, match="exit code 3") as info:
+        tfring.run(end_in_order, args=(str(tmp_path), failing, elastic), num_proc=2,
+                   timeout=120, **options)
+    assert info.value.exit_code == 3
 
 
 def test_results_travel_through_a_given_run_dir_and_it_is_left_clean(tmp_path):

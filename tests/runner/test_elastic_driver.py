@@ -2,6 +2,7 @@
 discovery parsing, tfringrun's elastic flags, and the driver's policies with
 light workers that only join rounds (tfring.common.elastic needs no TF)."""
 import os
+import re
 import sys
 import textwrap
 
@@ -169,27 +170,61 @@ def test_exception_outside_elastic_run_ends_the_job_naming_it(tmp_path):
     assert leftovers(job) == []
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_member_failing_after_the_job_finished_fails_the_job(tmp_path, np_):
-    # The last rank exits 3 once the driver has seen rank 0 finish: a fixed-size
-    # job exits 3 for this, and so must an elastic one (a CI pipeline reading 0
-    # would take a failed job for a success).
-    gate = tmp_path / "gate"
-    script = JOINER + textwrap.dedent("""
-        if me["rank"] == info["size"] - 1:
-            while not os.path.exists(os.environ["GATE"]):
-                time.sleep(0.05)
+# The exit-code rule (docs/elastic.md): a worker that finished (returned from
+# elastic.run, or ended its script) and then exits non-zero fails the job,
+# whichever worker ends first; one lost mid-training (no word that it
+# finished: os._exit, a signal, a crash) is recovered. The failing worker is
+# rank 0 ending while the others still run ("first", the case that used to
+# exit 0), or the last rank ending after the others finished ("last").
+FINISHER = JOINER + textwrap.dedent("""
+    how, order, gate = os.environ["HOW"], os.environ["ORDER"], os.environ["GATE"]
+    if how == "elastic.run":  # the loop behind every framework's elastic.run
+        state = elastic.ObjectState(lambda value, root: value, lambda: me["rank"])
+        elastic.run_fn(lambda state: None, elastic.join_round, lambda e: False)(state)
+    if me["rank"] == (0 if order == "first" else info["size"] - 1):
+        while order == "last" and not os.path.exists(gate):
+            time.sleep(0.05)
+        if how == "script":
             sys.exit(3)
-    """)
-    job = ElasticJob(tmp_path, f"localhost:{np_}", [sys.executable, "-c", script], np_, 1, np_,
-                     env={"GATE": str(gate)}, timeout=120)
+        os._exit(3)  # runs no exit handler: only elastic.run said it finished
+    while order == "first" and not os.path.exists(gate):
+        if elastic.round_replaced():
+            info = elastic.join_round()
+            print("JOINED", info["round"], info["size"], flush=True)
+            break
+        time.sleep(0.05)
+""")
+
+
+@pytest.mark.parametrize("np_, how, order", [
+    (2, "script", "first"), (3, "script", "first"), (2, "elastic.run", "first"),
+    (2, "script", "last"), (3, "script", "last"), (2, "elastic.run", "last"),
+    (2, "killed", "first"), (2, "killed", "last")])
+def test_exit_code_rule_in_both_orders_of_finishing(tmp_path, np_, how, order):
+    gate = tmp_path / "gate"
+    lost = how == "killed" and order == "first"
+    job = ElasticJob(tmp_path, f"localhost:{np_}", [sys.executable, "-c", FINISHER], np_,
+                     1 if lost else np_, np_,
+                     env={"GATE": str(gate), "HOW": how, "ORDER": order}, timeout=120)
+    failing = 0 if order == "first" else np_ - 1
     with job:
-        job.wait_for(r"worker 0 \(on localhost, rank 0\) finished")
-        gate.touch()
+        if order == "last":
+            job.wait_for(r"worker 0 \(on localhost, rank 0\) finished")
+            gate.touch()
+        elif not lost:
+            job.wait_for(r"the job failed|; lost")
+            gate.touch()  # the others now end with code 0: the first failure's code stays
         code, output = job.finish()
-    assert code == 3, output
-    assert (f"worker {np_ - 1} (on localhost, rank {np_ - 1}) exited with code 3 after the job "
-            "finished; the job failed") in output, output
+    if lost:
+        assert code == 0, output
+        assert "worker 0 (on localhost, rank 0) exited with code 3; lost" in output, output
+        assert re.search(r"JOINED 2 1$", output, re.M), output
+    else:
+        assert code == 3, output
+        after = "the job finished" if how == "killed" else "it finished training"
+        assert (f"tfringrun: worker {failing} (on localhost, rank {failing}) exited with code 3 "
+                f"after {after}; the job failed; stopping it.") in output, output
+        assert "lost" not in output and "round 2" not in output, output
     assert leftovers(job) == []
 
 

@@ -103,6 +103,19 @@ def test_failing_rank_stops_the_job(tmp_path, controller):
     assert_all_gone(tmp_path, 3)
 
 
+@pytest.mark.parametrize("failing", [0, 1])
+def test_rank_exiting_non_zero_after_its_work_fails_the_job(tmp_path, controller, failing):
+    # The exit-code rule (docs/elastic.md), in both orders of finishing: the
+    # rank that ends first exits 3, or the last one does after the first
+    # exited 0.
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import exit_rule_support; "
+              "exit_rule_support.end_in_order(sys.argv[2], int(sys.argv[3]))")
+    proc, _ = tfringrun(*controller, "-np", "2", sys.executable, "-c", script,
+                        os.path.join(REPO, "tests"), str(tmp_path), str(failing))
+    assert proc.returncode == 3, proc.stderr
+    assert f"tfringrun: rank {failing} exited with code 3;" in proc.stderr, proc.stderr
+
+
 def test_rank_killed_by_signal_is_reported(tmp_path, controller):
     script = RECORD_PIDS + textwrap.dedent("""
         if rank == 1:

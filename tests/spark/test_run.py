@@ -13,9 +13,11 @@ import tfring.spark  # noqa: E402
 # Functions here run in the ranks' processes, which cannot import this
 # test module: ship them by value.
 pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+import exit_rule_support  # noqa: E402
 import torch_job  # noqa: E402
 
 pyspark.cloudpickle.register_pickle_by_value(torch_job)
+pyspark.cloudpickle.register_pickle_by_value(exit_rule_support)
 
 TIMEOUT = 240
 
@@ -79,6 +81,17 @@ def test_a_failing_task_fails_the_job_with_the_workers_exception(spark, no_rank_
     again = tfring.spark.run(_place_and_reduce, kwargs={"offset": 1}, timeout=TIMEOUT)
     assert [(r["rank"], r["local_rank"], r["total"]) for r in again] == [(0, 0, 3.0),
                                                                        (1, 1, 3.0)]
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_rank_exiting_non_zero_after_its_function_returned_fails_the_job(
+        spark, tmp_path, no_rank_left_behind, failing):
+    # The exit-code rule (docs/elastic.md), in both orders of finishing: the
+    # rank that ends first exits 3 after its result, or the last one does.
+    with pytest.raises(RuntimeError, match=rf"rank {failing} \(host .*\) failed: its process "
+                                           "exited with code 3 after its function returned"):
+        tfring.spark.run(exit_rule_support.end_in_order, args=(str(tmp_path), failing),
+                         num_proc=2, timeout=TIMEOUT)
 
 
 def test_a_torch_function_runs_unchanged(spark, no_rank_left_behind):

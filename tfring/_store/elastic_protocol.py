@@ -9,6 +9,10 @@ Keys:
   [worker ids]}``. Written before ``latest`` moves to r, so a worker that
   sees r can always read it.
 * ``error/<worker id>``: the text of an ordinary exception that ends the job.
+* ``finished/<worker id>``: ``1`` once the worker returned from its elastic
+  function or its script ended (``0`` while it runs ``elastic.run`` again).
+  A worker that exits non-zero after that failed the job; one that ends
+  without it (killed, crashed) was lost while training.
 
 Each round r has a scope of its own, :func:`round_scope`, where its TCP
 start-up registers, and with:
@@ -35,6 +39,7 @@ import json
 SCOPE = "elastic"
 LATEST = "latest"
 ERROR_PREFIX = "error/"
+FINISHED_PREFIX = "finished/"
 # Environment the driver gives each worker.
 ELASTIC_ENV = "TFRING_ELASTIC"
 WORKER_ENV = "TFRING_ELASTIC_WORKER"

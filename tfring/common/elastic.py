@@ -7,7 +7,13 @@ has ``TFRING_ELASTIC=1`` and a worker id. Its ``init()`` first waits for the
 newest round of the driver that includes it (:func:`join_round`), takes the
 rank, size and place that round gives it, and then starts the TCP
 controller in that round's own store scope.
+
+It also tells the driver when it has *finished* (returned from
+``elastic.run``, or its script ended): a worker that exits non-zero after
+that failed the job, whichever worker ends first; one that ends without it
+(killed, crashed mid-training) is lost and the job re-forms.
 """
+import atexit
 import copy
 import functools
 import os
@@ -26,6 +32,7 @@ _TRUE = ("1", "true", "yes", "on")
 # says otherwise (it passes its --elastic-timeout).
 DEFAULT_TIMEOUT = 600.0
 _POLL = 0.1
+_EXIT_LOCK_TIMEOUT = 5.0
 
 
 def enabled(env=None):
@@ -43,6 +50,7 @@ class _Membership:
         self.round = 0          # the round this worker last started
         self.info = None        # that round's record
         self.started = time.monotonic()
+        self.finished = False   # the driver was told this worker finished
 
     @property
     def worker_id(self):
@@ -94,7 +102,7 @@ class _Membership:
             timeout = float(os.environ.get(protocol.TIMEOUT_ENV) or DEFAULT_TIMEOUT)
         wid = self.worker_id
         deadline = time.monotonic() + timeout
-        _install_excepthook()
+        _install_hooks()
         with self.lock:
             if self.round == 0:
                 # Tells the driver this worker is up: a round that waits for
@@ -161,6 +169,25 @@ class _Membership:
         except Exception:  # noqa: BLE001 - the driver also sees the lost peer itself
             pass
 
+    def report_finished(self, finished=True):
+        """Tells the driver this worker finished (returned from its elastic
+        function, or its script is ending), or, with `finished` False, that
+        it trains again (a second ``elastic.run``): a non-zero exit after it
+        finished fails the job instead of counting as a lost worker."""
+        if finished == self.finished:
+            return
+        # At interpreter exit a daemon thread may hold the lock for ever.
+        if not self.lock.acquire(timeout=_EXIT_LOCK_TIMEOUT):
+            return
+        try:
+            self._call("set", protocol.SCOPE, protocol.FINISHED_PREFIX + self.worker_id,
+                       b"1" if finished else b"0")
+            self.finished = finished
+        except Exception:  # noqa: BLE001 - without the store there is no driver to tell
+            pass
+        finally:
+            self.lock.release()
+
     def report_error(self, exc):
         """Leaves the exception that ends this worker for the driver to name."""
         text = f"{type(exc).__name__}: {exc}"[:2000]
@@ -176,14 +203,18 @@ _membership = _Membership()
 _hook_installed = False
 
 
-def _install_excepthook():
+def _install_hooks():
     """Reports an uncaught exception to the driver, so that a script that
     dies outside ``elastic.run`` ends the job with its exception named
-    instead of looking like a lost worker."""
+    instead of looking like a lost worker; and, at interpreter exit (the
+    script ended, or called ``sys.exit``), that this worker finished, so
+    that a non-zero exit code fails the job. A process killed by a signal,
+    or one that calls ``os._exit``, runs no exit handler: it is lost."""
     global _hook_installed
     if _hook_installed:
         return
     _hook_installed = True
+    atexit.register(_membership.report_finished)
     previous = sys.excepthook
 
     def report(exc_type, exc, tb):
@@ -196,6 +227,14 @@ def _install_excepthook():
 def join_round():
     """Called by ``init()`` in an elastic worker before the TCP start-up."""
     return _membership.join()
+
+
+def report_finished():
+    """Tells the driver this worker finished: a non-zero exit after this
+    fails the job rather than counting as a lost worker. ``elastic.run``
+    calls it when its function returns, and an exit handler when the script
+    ends; ``tfring.run`` when its function returns."""
+    _membership.report_finished()
 
 
 def round_replaced():
@@ -333,6 +372,7 @@ def run_fn(func, reset, is_internal_error, stop_cause=None):
             state.sync()
             return func(state, *args, **kwargs)
         needs_reset = False
+        _membership.report_finished(False)  # a second elastic.run trains again
         try:
             while True:
                 try:
@@ -343,7 +383,9 @@ def run_fn(func, reset, is_internal_error, stop_cause=None):
                         state.on_reset()
                     else:
                         state.sync()
-                    return func(state, *args, **kwargs)
+                    result = func(state, *args, **kwargs)
+                    _membership.report_finished()
+                    return result
                 except HostsUpdatedInterrupt:
                     needs_reset = True
                 except HorovodInternalError as e:

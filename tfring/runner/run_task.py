@@ -15,7 +15,9 @@ the function and writes one record, ``DIR/result.<rank>``:
 The rank is the one the function last ran as (``rank()`` while tfring is
 initialized, the final round's under elastic training), else the one the
 launcher gave the process. Records are written to a temporary name and
-renamed, so the caller never reads half of one.
+renamed, so the caller never reads half of one. An elastic worker then
+tells its driver it finished, so that a non-zero exit after its function
+returned fails the job (docs/elastic.md).
 """
 import os
 import pickle
@@ -92,6 +94,16 @@ def main(directory):
         _write(directory, current_rank(), _error_record(
             TypeError(f"tfring.run: the function's return value cannot be pickled: {exc}")))
         raise
+    _report_finished()
+
+
+def _report_finished():
+    """An elastic worker whose function returned has finished: a non-zero
+    exit from here on (an exit handler, a crash at teardown) fails the job
+    instead of counting as a worker lost mid-training (docs/elastic.md)."""
+    from tfring.common import elastic  # light: no framework
+    if elastic.enabled():
+        elastic.report_finished()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ not at all. Each task:
    with the rank's environment, secret included (never on a command line);
 3. returns (rank, result); a failure is written to the store as the pickled
    exception, and the task fails, which fails the stage (Spark stops the
-   other tasks, and their processes die with them).
+   other tasks, and their processes die with them). So does a process
+   that exits non-zero, even after ``fn`` returned.
 
 The driver returns the results by rank, or raises the failing rank's own
 exception.
@@ -261,13 +262,19 @@ class _TaskSpec:
                 child.kill()
                 child.wait()
                 raise
+            status = None
             if os.path.exists(target):
                 with open(target, "rb") as f:
                     status, value = cloudpickle.loads(f.read())
-                return status, value, child.pid
+                if code == 0 or status != "ok":
+                    return status, value, child.pid
             what = (f"was killed by signal {-code} ({_signal_name(-code)})"
                     if code < 0 else f"exited with code {code}")
-            return "died", (None, f"its process {what} before it returned", ""), child.pid
+            # A rank that exits non-zero after its function returned failed
+            # too (an exit handler, a crash at teardown), as under tfringrun
+            # (docs/elastic.md, "Exit codes").
+            when = "after its function returned" if status == "ok" else "before it returned"
+            return "died", (None, f"its process {what} {when}", ""), child.pid
 
 def _signal_name(number):
     try:

@@ -15,9 +15,9 @@ Policy:
 
 * ``-np`` workers start; once the discovery script reports new slots, the
   job grows up to ``--max-np``.
-* A worker that dies (killed, crashed) without reporting an exception is
-  lost: a new round is published without it. So is a worker that a peer
-  reports gone (its host went silent: cut off the network, powered off):
+* A worker that dies (killed, crashed) before it finished and without
+  reporting an exception is lost: a new round is published without it.
+  So is a worker that a peer reports gone (its host went silent: cut off the network, powered off):
   the driver stops it and leaves it out of the next round at once, without
   waiting to see its process end. Its slot stays empty until
   the discovery script's line for that host changes (a host that is
@@ -35,11 +35,19 @@ Policy:
   ``--elastic-timeout``, then fails naming what it waited for. A worker
   that has not reached ``init()`` after ``--start-timeout`` plus
   ``--elastic-timeout`` is stopped (and counts as lost).
+* A worker that has *finished* (returned from ``elastic.run``, or ended
+  its script: it says so in the store) and then exits non-zero fails the
+  job, whichever worker ends first, as a rank of a fixed-size job does: the
+  driver names it, its host and how it ended, gives the others
+  ``FAILURE_GRACE_SECONDS`` to end by themselves, stops them and exits with
+  that first failure's code (a signal: 128 + its number). A worker that
+  ends without having finished (killed, crashed mid-training) is lost, as
+  above, unless the job has finished.
 * The job succeeds when a worker finishes with code 0 and every other
   member of the last round does too (they get ``--elastic-timeout``). A
-  member that then exits non-zero fails the job with its code (a signal:
-  128 + its number), as in a fixed-size job; a worker lost in an earlier
-  round, or one the driver told to leave, does not count.
+  member that then exits non-zero fails the job as above; a worker lost in
+  an earlier round, or one the driver told to leave or stopped, does not
+  count.
 
 Every way out stops and reaps every worker it started.
 """
@@ -56,6 +64,7 @@ from tfring.runner import hosts as hosts_mod
 from tfring.runner import processes, rank_wrapper, remote, wrapper_link
 from tfring.runner.elastic.rounds import Rounds
 from tfring.runner.processes import describe_exit
+from tfring.runner.supervisor import FAILURE_GRACE_SECONDS
 from tfring.runner.wrapper_link import WrapperListener
 
 BLACKLIST_FAILURES = 3
@@ -194,8 +203,8 @@ class Driver:
         self.blacklist = {}          # key -> until (monotonic; inf: for good)
         self.rounds = None           # the round bookkeeping, once the store is up
         self.succeeded_at = None
-        self.failed_after = None     # the exit code of a member that failed after that
         self.outcome = None          # (code, message)
+        self.stop_after = None       # the others' grace after a failure ends then
         self.signals = []
         self.events = []             # (monotonic, text): for benchmarks and --verbose
         self.secret = wire.generate_secret()
@@ -215,10 +224,14 @@ class Driver:
         if self.verbose or always:
             self._say(text)
 
-    def _fail(self, code, message):
+    def _fail(self, code, message, grace=0.0):
+        """Records the job's failure (the first one wins) and says it; the
+        workers still running get `grace` seconds to end by themselves."""
         if self.outcome is None:
             self.outcome = (code, message)
             self._say(message)
+            if grace > 0:
+                self.stop_after = time.monotonic() + grace
 
     # -- discovery -------------------------------------------------------------
     def _discover(self):
@@ -387,16 +400,18 @@ class Driver:
         if self.outcome is not None:
             return
         words, shell_code = describe_exit(code)
+        excused = worker.leaving or worker.stopping or worker.cut_off is not None
+        finished = not excused and self.rounds.reported_finished(worker.wid)
+        if finished or (self.succeeded_at is not None and was_member and not excused):
+            # Its training was over (or the job's was): nothing to recover,
+            # so the job failed, whichever worker ended first, as a rank of
+            # a fixed-size job that exits non-zero fails it.
+            after = "it finished training" if finished else "the job finished"
+            self._fail(shell_code, f"{worker.name()} {words} after {after}; the job failed; "
+                                   "stopping it.", grace=FAILURE_GRACE_SECONDS)
+            return
         if self.succeeded_at is not None:
-            if was_member and not worker.leaving:
-                # A member of the last round failed: the job failed, as a
-                # rank of a fixed-size job that fails after the others
-                # finished fails it. The others still get their time.
-                self._say(f"{worker.name()} {words} after the job finished; the job failed")
-                if self.failed_after is None:
-                    self.failed_after = shell_code
-            else:
-                self._say(f"{worker.name()} {words} after the job finished")
+            self._say(f"{worker.name()} {words} after the job finished")
             return
         self._event(f"{worker.name()} {words}; lost", always=True)
         self.rounds.dirty = True
@@ -590,7 +605,7 @@ class Driver:
             alive = [w for w in self.workers.values() if w.alive()]
             if self.succeeded_at is not None:
                 if not alive:
-                    return self.failed_after or 0
+                    return 0
                 if now - self.succeeded_at > self.elastic_timeout:
                     self._fail(1, f"workers {', '.join(str(w.wid) for w in alive)} did not "
                                   f"finish within --elastic-timeout {self.elastic_timeout:g} s "
@@ -606,4 +621,15 @@ class Driver:
             self._poll_store()
             self._check_starting()
             self._publish_if_needed()
+        self._grace()
         return self.outcome[0]
+
+    def _grace(self):
+        """After a failure that allows it, lets the workers still running
+        end by themselves until `stop_after` (a signal to tfringrun cuts it
+        short); :meth:`run` then stops the rest."""
+        while (self.stop_after is not None and not self.signals
+               and time.monotonic() < self.stop_after
+               and any(w.alive() and w.proc is not None for w in self.workers.values())):
+            self._pump(_POLL)
+            self._check_processes()

@@ -65,6 +65,16 @@ class Rounds:
         except wire.WireError:
             return None
 
+    def reported_finished(self, wid):
+        """True when worker `wid` said it finished (returned from its
+        elastic function, or its script ended) and has not started training
+        again since."""
+        try:
+            return self.client.get(protocol.SCOPE, protocol.FINISHED_PREFIX + str(wid),
+                                   timeout=0) == b"1"
+        except wire.WireError:
+            return False
+
     def poll(self):
         """Reads what the workers left in the store.
 
