@@ -21,6 +21,13 @@ Status TensorQueue::Add(TensorTableEntry entry, int32_t rank) {
   return Status::OK();
 }
 
+bool TensorQueue::Abandon(Request request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (table_.count(request.name)) return false;
+  new_requests_.push_back(std::move(request));
+  return true;
+}
+
 void TensorQueue::PopRequests(std::vector<Request>* out) {
   std::vector<std::pair<TensorTableEntry, Status>> failed;
   {

@@ -54,6 +54,9 @@ class TensorQueue {
  public:
   // Fails (without calling the callback) if `entry.name` is already pending.
   Status Add(TensorTableEntry entry, int32_t rank);
+  // Queues `request` (its `abandoned` set) for negotiation without an entry
+  // to complete; false, and nothing queued, if its name is pending here.
+  bool Abandon(Request request);
   // Moves out the requests of entries whose input is ready, or whose ready
   // event the device waits for (DeviceEvent::waits_on_device), in submission
   // order; entries still waiting on their ready event stay for a later
