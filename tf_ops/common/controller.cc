@@ -42,7 +42,9 @@ std::vector<Request> Controller::StageGroups(const std::vector<Request>& request
     // is decided (all hits, or all to the coordinator) as a whole.
     auto& members = arriving_groups_[req.group_name];
     members.push_back(req);
-    if (static_cast<int>(members.size()) >= req.group_size) {
+    // An abandoned member means the rest never come from this rank: what
+    // arrived goes now, and the coordinator fails the group everywhere.
+    if (static_cast<int>(members.size()) >= req.group_size || !req.abandoned.empty()) {
       out.insert(out.end(), members.begin(), members.end());
       arriving_groups_.erase(req.group_name);
     }

@@ -96,7 +96,17 @@ ResponseList Controller::BuildResponseList() {
     const CollectiveType type = p.requests[std::find(p.received.begin(), p.received.end(), true) -
                                            p.received.begin()]
                                     .type;
-    if (p.count < size() && type != CollectiveType::ALLREDUCE) {
+    int abandoned_by = -1;
+    for (int r = 0; r < size() && abandoned_by < 0; ++r) {
+      if (p.received[r] && !p.requests[r].abandoned.empty()) abandoned_by = r;
+    }
+    if (abandoned_by >= 0) {
+      resp = ErrorResponse(name, std::string(CollectiveName(type)) + " of tensor '" + name +
+                                     "' failed because rank " +
+                                     std::to_string(global_ranks_[abandoned_by]) +
+                                     " raised before submitting it: " +
+                                     p.requests[abandoned_by].abandoned);
+    } else if (p.count < size() && type != CollectiveType::ALLREDUCE) {
       std::vector<int> joined_ranks;
       for (int r = 0; r < size(); ++r)
         if (joined_[r]) joined_ranks.push_back(r);

@@ -376,7 +376,13 @@ void PerformRemoveProcessSet(ProcessSet& global, const Response& r) {
 
 void PerformOperation(ProcessSet& ps, const Response& r) {
   if (r.type == ResponseType::ERROR) {
-    return CompleteQueued(ps, r.tensor_names, Status::PreconditionError(r.error_message, r.error_cause));
+    // The answer to a round this rank abandoned is not for a later entry of
+    // the same name (TensorQueue::Abandon).
+    std::vector<std::string> names;
+    for (const std::string& name : r.tensor_names) {
+      if (!ps.queue.EndAbandoned(name)) names.push_back(name);
+    }
+    return CompleteQueued(ps, names, Status::PreconditionError(r.error_message, r.error_cause));
   }
   switch (r.collective) {
     case CollectiveType::ALLREDUCE: PerformAllreduce(ps, r); break;

@@ -73,7 +73,7 @@ bool Request::operator==(const Request& o) const {
          prescale_factor == o.prescale_factor && postscale_factor == o.postscale_factor &&
          shape == o.shape && splits == o.splits && group_name == o.group_name &&
          group_size == o.group_size && group_index == o.group_index && device == o.device &&
-         same_rows == o.same_rows;
+         same_rows == o.same_rows && abandoned == o.abandoned;
 }
 
 bool Response::operator==(const Response& o) const {
@@ -108,6 +108,7 @@ std::string SerializeRequestList(const RequestList& list) {
     w.Pod(r.group_index);
     w.Pod(r.device);
     w.Pod<uint8_t>(r.same_rows);
+    w.Str(r.abandoned);
   }
   return w.Take();
 }
@@ -133,7 +134,7 @@ Status ParseRequestList(const std::string& bytes, RequestList* list) {
         !rd.Pod(&r.root_rank) || !rd.Pod(&op) || !rd.Pod(&r.prescale_factor) ||
         !rd.Pod(&r.postscale_factor) || !rd.Ints(&r.shape) || !rd.Ints(&r.splits) ||
         !rd.Str(&r.group_name) || !rd.Pod(&r.group_size) || !rd.Pod(&r.group_index) ||
-        !rd.Pod(&r.device) || !rd.Pod(&same_rows)) {
+        !rd.Pod(&r.device) || !rd.Pod(&same_rows) || !rd.Str(&r.abandoned)) {
       return bad;
     }
     r.same_rows = same_rows != 0;

@@ -37,6 +37,11 @@ struct Request {
   // rank sends as many rows as this one; negotiation fails the collective on
   // every rank when they do not.
   bool same_rows = false;
+  // Non-empty: this rank raised before it could submit the collective (a
+  // bad argument of its own), and why. The coordinator fails the collective
+  // on every rank once the others have submitted it, naming this rank,
+  // instead of leaving them to wait for a submission that never comes.
+  std::string abandoned;
 
   bool operator==(const Request& o) const;
 };

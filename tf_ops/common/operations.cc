@@ -73,8 +73,12 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
                                    std::to_string(process_set_id) + " (ranks [" + ranks + "])");
   }
   if (entry.type == CollectiveType::ALLTOALL) {
-    TFRING_RETURN_IF_ERROR(
-        CheckAlltoallArguments(entry, static_cast<int>(ps->ranks.size()), st.topo.rank));
+    Status bad = CheckAlltoallArguments(entry, static_cast<int>(ps->ranks.size()), st.topo.rank);
+    if (!bad.ok()) {
+      lock.unlock();
+      Abandon(process_set_id, entry, bad);
+      return bad;
+    }
   }
   if (st.timeline.enabled()) st.timeline.NegotiateStart(entry.name, CollectiveName(entry.type));
   // Only host tensors, ready now, can be speculated (Speculation::Eligible).
@@ -86,6 +90,20 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
   lock.unlock();
   if (!(may_inline && DriveInline(*ps))) WakeBackground();
   return Status::OK();
+}
+
+void Abandon(int32_t process_set_id, const TensorTableEntry& entry, const Status& why) {
+  GlobalState& st = state();
+  {
+    std::lock_guard<std::mutex> lock(st.enqueue_mu);
+    if (!st.ever_initialized || st.stopped) return;
+    auto ps = st.process_sets.Get(process_set_id);
+    if (!ps || !ps->included()) return;
+    Request r = entry.ToRequest(ps->rank);
+    r.abandoned = why.message().empty() ? "an error" : why.message();
+    if (!ps->queue.Abandon(std::move(r))) return;
+  }
+  WakeBackground();
 }
 
 namespace {

@@ -57,8 +57,17 @@ bool MPIThreadsSupported();
 // starts again): MPI must then not be finalised.
 bool CommunicationBroken();
 
-// Submits one collective. On error the entry's callback is not called.
+// Submits one collective. On error the entry's callback is not called; an
+// error in the entry's own arguments (after the process set is known) also
+// abandons it (below), so the set's other ranks are not left waiting.
 Status Enqueue(int32_t process_set_id, TensorTableEntry entry);
+// Tells the process set's coordinator that this rank raised `why` instead of
+// submitting `entry` (only its name, kind and group are used): the
+// collective fails on every rank that submitted it, with an error naming
+// this rank. Nothing is sent when a collective of that name is already in
+// flight here (a duplicate name raises on this rank alone), nor by a rank
+// outside the set, nor before init or after shutdown.
+void Abandon(int32_t process_set_id, const TensorTableEntry& entry, const Status& why);
 
 // Collective over all ranks; blocks until every rank has made the same call.
 Status AddProcessSet(const std::vector<int>& ranks, int32_t* id);

@@ -118,24 +118,31 @@ void Reduce16(uint16_t* dst, const uint16_t* x, const uint16_t* src, int64_t n, 
   }
 }
 
-// x * factor in double, rounded once to T (integers truncate). For float32
-// that is what TF computes for x / size (an average) or for x * f with a
-// float32 f; a factor rounded to float first (1/3 is not a float) is off in
-// the last bit. float64 has no wider type to use.
+// Horovod's scaling rule, which every binding keeps: the factor is applied
+// in float64 for integers (then truncated), in the tensor's own type for
+// float32 and float64 (the factor rounded to it first, as `x * f` with a
+// Python float does in torch and TF), and in float32 for the 16-bit floats.
+template <typename T>
+struct ScaleMath {
+  using type = double;
+};
+template <>
+struct ScaleMath<float> {
+  using type = float;
+};
+
 template <typename T>
 void ScaleTyped(T* buf, int64_t n, double factor) {
-  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
+  using M = typename ScaleMath<T>::type;
+  const M f = static_cast<M>(factor);
+  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<M>(buf[i]) * f);
 }
 
-// float16 and bfloat16 go through float on the way down, as TF's own
-// arithmetic on them does (it computes in float and rounds that result), so
-// a result lies exactly where TF's `x / size` or `x * f` puts it; rounding
-// the double straight to 16 bits can differ where the float lands on a tie.
+// float16 and bfloat16: in float (a float factor), rounded once to 16 bits.
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void Scale16(uint16_t* buf, int64_t n, double factor) {
-  for (int64_t i = 0; i < n; ++i) {
-    buf[i] = FromF(static_cast<float>(static_cast<double>(ToF(buf[i])) * factor));
-  }
+  const float f = static_cast<float>(factor);
+  for (int64_t i = 0; i < n; ++i) buf[i] = FromF(ToF(buf[i]) * f);
 }
 
 }  // namespace

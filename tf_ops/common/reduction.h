@@ -28,18 +28,18 @@ Status ReduceTo(void* dst, const void* a, const void* b, int64_t count, DataType
 Status ReduceInOrder(void* dst, const void* const* srcs, int n, int64_t count, DataType dtype,
                      ReduceOp op);
 
-// buf[i] *= factor, computed in double precision and rounded once to the
-// dtype: TF's `x / size` (an average) and `x * f` (f a float32) bit for bit.
-// float16 and bfloat16 round through float, as TF's own arithmetic on them
-// does; integers truncate.
+// buf[i] *= factor by Horovod's rule: in double for integers (truncated),
+// in the dtype's own type for float32 and float64 (the factor rounded to it:
+// torch's and TF's `x * f`), in float for float16 and bfloat16 (rounded once
+// to 16 bits).
 Status ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);
 
 // Finishes an AVERAGE/SUM reduction: applies `postscale` and, for AVERAGE,
 // divides by `ranks`. With no postscale an average is a division in the
 // dtype's own arithmetic rather than a multiplication by a rounded
 // reciprocal: integers truncate like C (6/3 is exactly 2), floating point
-// gives TF's `sum / size` bit for bit. With one, floating point takes a
-// single rounding of x * (postscale / ranks) computed in double.
+// gives TF's `sum / size` bit for bit. With one, floating point is scaled
+// once by postscale / ranks (as Horovod folds the average into it).
 Status FinishReduction(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale,
                        int ranks);
 

@@ -26,7 +26,7 @@ bool ResponseCache::SameSignature(const Request& a, const Request& b) {
          a.prescale_factor == b.prescale_factor && a.postscale_factor == b.postscale_factor &&
          a.splits == b.splits && a.group_name == b.group_name && a.group_size == b.group_size &&
          a.group_index == b.group_index && a.device == b.device &&
-         a.same_rows == b.same_rows;
+         a.same_rows == b.same_rows && a.abandoned == b.abandoned;
 }
 
 bool ResponseCache::Matches(int bit, const Request& req) const {

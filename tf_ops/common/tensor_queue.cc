@@ -15,10 +15,35 @@ Status TensorQueue::Add(TensorTableEntry entry, int32_t rank) {
         "tfring: a collective named '" + entry.name +
         "' is already in flight on this rank; give concurrent collectives distinct names");
   }
-  new_requests_.push_back(entry.ToRequest(rank));
+  if (!abandoned_.empty() && abandoned_.count(entry.name)) {
+    held_.push_back(entry.ToRequest(rank));
+  } else {
+    new_requests_.push_back(entry.ToRequest(rank));
+  }
   std::string name = entry.name;
   table_.emplace(std::move(name), std::move(entry));
   return Status::OK();
+}
+
+bool TensorQueue::Abandon(Request request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (table_.count(request.name) || !abandoned_.insert(request.name).second) return false;
+  new_requests_.push_back(std::move(request));
+  return true;
+}
+
+bool TensorQueue::EndAbandoned(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (abandoned_.empty() || !abandoned_.erase(name)) return false;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->name == name) {
+      new_requests_.push_back(std::move(*it));
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return true;
 }
 
 void TensorQueue::PopRequests(std::vector<Request>* out) {
@@ -73,6 +98,8 @@ void TensorQueue::FailAll(const Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     table.swap(table_);
     new_requests_.clear();
+    abandoned_.clear();
+    held_.clear();
   }
   // Callbacks run outside the lock: they may re-enter the queue.
   for (auto& kv : table) kv.second.callback(status, -1);

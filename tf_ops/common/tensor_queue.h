@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common.h"
@@ -54,6 +55,16 @@ class TensorQueue {
  public:
   // Fails (without calling the callback) if `entry.name` is already pending.
   Status Add(TensorTableEntry entry, int32_t rank);
+  // Queues `request` (its `abandoned` set) for negotiation without an entry
+  // to complete; false, and nothing queued, if its name is pending or
+  // already abandoned here. Until the coordinator decides that round
+  // (EndAbandoned), a new submission of the name is held back, so that the
+  // round's error cannot reach it.
+  bool Abandon(Request request);
+  // The coordinator's answer for `name` arrived: true if it is the answer to
+  // a round this rank abandoned (it is not for the entry now under that
+  // name, whose request then goes to negotiation).
+  bool EndAbandoned(const std::string& name);
   // Moves out the requests of entries whose input is ready, or whose ready
   // event the device waits for (DeviceEvent::waits_on_device), in submission
   // order; entries still waiting on their ready event stay for a later
@@ -76,6 +87,8 @@ class TensorQueue {
   mutable std::mutex mu_;
   std::unordered_map<std::string, TensorTableEntry> table_;
   std::vector<Request> new_requests_;
+  std::unordered_set<std::string> abandoned_;
+  std::vector<Request> held_;  // submitted again while abandoned_
 };
 
 }  // namespace tfring

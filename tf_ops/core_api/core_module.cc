@@ -97,6 +97,16 @@ class PendingCall {
     std::lock_guard<std::mutex> lock(mu_);
     return status_;
   }
+  // Why the call could not be submitted (OK when it was): Python raises it
+  // at once, as Horovod raises a bad submission in the *_async call itself.
+  void SetSubmitStatus(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    submit_status_ = s;
+  }
+  Status submit_status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return submit_status_;
+  }
   int32_t int_result() {
     std::lock_guard<std::mutex> lock(mu_);
     return int_result_;
@@ -118,6 +128,7 @@ class PendingCall {
   std::condition_variable cv_;
   int remaining_;
   Status status_;
+  Status submit_status_;
   int32_t int_result_ = -1;
   std::vector<std::vector<int64_t>> received_splits_;
   std::shared_ptr<PyRef> keep_alive_;
@@ -254,17 +265,23 @@ std::shared_ptr<PendingCall> Submit(const CallSpec& call, const std::vector<Tens
     s = RecordReadyEvent(call.device, reinterpret_cast<void*>(call.stream), &ready);
   }
   if (!s.ok()) {
+    req->SetSubmitStatus(s);
     req->Finish(s, -1, std::max(n, 1));
     return req;
   }
   for (int i = 0; i < n; ++i) {
     TensorTableEntry e;
     s = FillEntry(call, tensors[i], i, n, ready, alloc, req, &e);
-    if (s.ok()) {
+    if (!s.ok()) {
+      // Enqueue abandons an entry whose arguments it rejects; one rejected
+      // here is abandoned alike, so the other ranks do not wait for it.
+      Abandon(call.process_set_id, e, s);
+    } else {
       e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
       s = Enqueue(call.process_set_id, std::move(e));
     }
     if (!s.ok()) {
+      req->SetSubmitStatus(s);
       req->Finish(s, -1, n - i);
       break;
     }
@@ -284,7 +301,10 @@ std::shared_ptr<PendingCall> SubmitControl(CollectiveType type, int32_t process_
   e.callback = [req](const Status& st, int32_t result) { req->Finish(st, result); };
   Status s = CheckInitialized();
   if (s.ok()) s = Enqueue(process_set_id, std::move(e));
-  if (!s.ok()) req->Finish(s);
+  if (!s.ok()) {
+    req->SetSubmitStatus(s);
+    req->Finish(s);
+  }
   return req;
 }
 
@@ -324,6 +344,10 @@ PYBIND11_MODULE(_tfring_core, m) {
       .def("status",
            [](PendingCall& r) {
              return StatusTuple(r.status());
+           })
+      .def("submit_status",
+           [](PendingCall& r) {
+             return StatusTuple(r.submit_status());
            })
       .def("int_result", &PendingCall::int_result)
       .def("received_splits", &PendingCall::received_splits);
@@ -385,6 +409,30 @@ PYBIND11_MODULE(_tfring_core, m) {
       "here when None) before it is negotiated. Outputs of unknown size come from allocator(index, shape) -> "
       "data pointer, called on a core thread with the GIL held. `keep_alive` is held until the "
       "request finishes.");
+  m.def(
+      "abandon",
+      [](int32_t collective, const std::string& name, int32_t process_set_id, bool grouped,
+         int32_t count, const std::string& reason) {
+        if (collective < 0 || collective > static_cast<int32_t>(CollectiveType::REDUCESCATTER)) {
+          return;
+        }
+        // The call's first entry, named as FillEntry names it: its failure
+        // fails the rest of a group on the other ranks too.
+        TensorTableEntry e;
+        e.type = static_cast<CollectiveType>(collective);
+        e.name = count > 1 || grouped ? name + "_0" : name;
+        if (grouped) {
+          e.group_name = name;
+          e.group_size = count;
+        }
+        py::gil_scoped_release release;
+        Abandon(process_set_id, e, Status::InvalidArgument(reason));
+      },
+      py::arg("collective"), py::arg("name"), py::arg("process_set_id"), py::arg("grouped"),
+      py::arg("count"), py::arg("reason"),
+      "Tells the other ranks of the set that this rank raised `reason` instead of submitting "
+      "the call `name` (of `count` tensors): they get an error naming this rank rather than "
+      "waiting. Nothing is sent when a collective of that name is in flight here.");
   m.def(
       "barrier",
       [](int32_t process_set_id, const std::string& name) {

@@ -88,17 +88,21 @@ def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1
     numbered in call order."""
     core = _require_init()
     name = name or _auto_name(("grouped_" if grouped else "") + _KINDS[collective], process_set)
-    adapted = [arrays.adapt(x) for x in xs]
-    devices = {a.device for a in adapted}
-    if len(devices) > 1:
-        raise errors.InvalidArgumentError(
-            f"tfring: the tensors of one call must be on one device, not on {sorted(devices)}",
-            errors.INVALID_ARGUMENT)
-    device = adapted[0].device if adapted else arrays.CPU
-    ready = None
-    if device != arrays.CPU:
-        code, message, cause, rank, ready = core.ready_event(device, adapted[0].stream)
-        errors.raise_for_status(code, message, cause, rank)
+    try:
+        adapted = [arrays.adapt(x) for x in xs]
+        devices = {a.device for a in adapted}
+        if len(devices) > 1:
+            raise errors.InvalidArgumentError(
+                f"tfring: the tensors of one call must be on one device, not on "
+                f"{sorted(devices)}", errors.INVALID_ARGUMENT)
+        device = adapted[0].device if adapted else arrays.CPU
+        ready = None
+        if device != arrays.CPU:
+            code, message, cause, rank, ready = core.ready_event(device, adapted[0].stream)
+            errors.raise_for_status(code, message, cause, rank)
+    except Exception as e:
+        abandon(collective, name, process_set, len(xs), e, grouped)
+        raise
     # In place, the result goes into the memory the core reads (the input
     # itself when it was contiguous, else the contiguous copy made of it,
     # which the caller then copies back): no new array, and no pass of page
@@ -121,7 +125,26 @@ def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1
         stream=adapted[0].stream if adapted else 0, ready_event=ready,
         allocator=None if collective in (_ALLREDUCE, _BROADCAST) else allocate,
         keep_alive=(adapted, fixed_adapted, late))
+    # A call the core refused (a name already in flight here, bad splits)
+    # raises now, on this rank, as Horovod's *_async calls do.
+    errors.raise_for_status(*call.submit_status())
     return call, adapted, fixed_adapted, late
+
+
+def abandon(collective, name, process_set, count, why, grouped=False):
+    """Tells the other ranks of the set that this rank raised ``why``
+    instead of submitting the call ``name`` (``count`` tensors of collective
+    code ``collective``): they get an error naming this rank instead of
+    waiting. Nothing is sent when a collective of that name is in flight
+    here (a duplicate name raises on this rank alone).
+
+    Example:
+        >>> abandon(_ALLREDUCE, "grad.0", None, 1, TypeError("not a tensor"))
+    """
+    core = _require_init()
+    name = name or _auto_name(("grouped_" if grouped else "") + _KINDS[collective], process_set)
+    core.abandon(collective, name, _process_set_id(process_set), grouped, max(count, 1),
+                 f"{type(why).__name__}: {why}")
 
 
 def _outputs(adapted, made):

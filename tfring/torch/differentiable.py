@@ -11,8 +11,8 @@ allreduce(op)           allreduce of the gradient with the same op and
 allgather               average over the ranks, then this rank's rows
 broadcast               average over the ranks on the root, zero elsewhere
 alltoall(splits)        alltoall back with the received splits
-reducescatter(op)       allgather (divided by the set's size for Average),
-                        times the scale factors
+reducescatter(op)       allgather (times the set's size for Sum, as
+                        Horovod), times the scale factors
 ======================  =================================================
 """
 import torch
@@ -250,10 +250,12 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        # Horovod's gradient: the gathered gradient, times the set's size
+        # for Sum (once for Average), times the scale factors.
         op, scale, ps = ctx.args
-        if op == Average:
-            scale /= ps.size()
-        elif op != Sum:
+        if op == Sum:
+            scale *= ps.size()
+        elif op != Average:
             raise NotImplementedError("tfring: reducescatter's gradient exists for Sum and "
                                       "Average only")
         gathered = synchronize(mpi_ops.grouped_allgather_async(

@@ -9,6 +9,7 @@ import torch
 import tfring.core as _core
 from tfring.torch import mpi_ops
 from tfring.torch.mpi_ops import global_process_set, synchronize
+from tfring.torch.optimizer import _DistributedOptimizer
 
 
 def _to_bytes(obj):
@@ -119,10 +120,30 @@ def _to_cpu(value):
     return value
 
 
+def _initialize_state(optimizer):
+    """Gives an optimizer that has taken no step its state, as Horovod does:
+    a zero gradient for each trainable parameter without one (those not
+    trainable keep none), then one step of the wrapped optimizer itself (a
+    DistributedOptimizer's own step() would ask every rank to reduce)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()
+    else:
+        optimizer.step()
+
+
 def broadcast_optimizer_state(optimizer, root_rank, model=None):
     """Gives every rank rank ``root_rank``'s optimizer state (moments, step
-    counts) and hyperparameters (param_groups: lr, momentum, ...). Ranks
-    whose optimizer has taken no step yet get the state too.
+    counts) and hyperparameters (param_groups: lr, momentum, ...). An
+    optimizer that has taken no step is first given its state as Horovod
+    does: trainable parameters without a gradient get a zero one, and the
+    wrapped optimizer takes one step with them (parameters without
+    requires_grad keep grad None).
 
     Args:
         optimizer: a torch.optim.Optimizer (or a DistributedOptimizer) over
@@ -136,6 +157,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     Example:
         >>> hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     """
+    if not optimizer.state:
+        _initialize_state(optimizer)
     state = _to_cpu(optimizer.state_dict()) if _core.rank() == root_rank else None
     state = broadcast_object(state, root_rank, name="tfring.optimizer_state")
     if _core.rank() != root_rank:

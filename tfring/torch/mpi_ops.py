@@ -15,6 +15,7 @@ import warnings
 import torch
 
 import tfring.core as _core
+from tfring.core import ops as _ops
 from tfring.torch import errors
 
 Average, Sum, Adasum, Min, Max, Product = (_core.Average, _core.Sum, _core.Adasum, _core.Min,
@@ -36,6 +37,8 @@ def _register(core_handle, finish=None):
 
 
 def _entry(handle):
+    if isinstance(handle, SparseHandle):
+        handle = handle.handle
     with _lock:
         entry = _handles.get(handle)
     if entry is None:
@@ -83,6 +86,8 @@ def synchronize(handle):
     Example:
         >>> y = hvd.synchronize(hvd.allreduce_async(x))
     """
+    if isinstance(handle, SparseHandle):
+        handle = handle.handle
     core_handle, finish = _entry(handle)
     try:
         result = core_handle.wait()
@@ -123,16 +128,33 @@ def _into(targets):
     return finish
 
 
-def _check_tensors(tensors, fn):
+# The core's collective code of each submitting function, and whether it
+# groups its tensors (for abandon()).
+_CODES = {_core.allreduce_async: (_ops._ALLREDUCE, False),
+          _core.allreduce_async_: (_ops._ALLREDUCE, False),
+          _core.grouped_allreduce_async: (_ops._ALLREDUCE, True),
+          _core.grouped_allreduce_async_: (_ops._ALLREDUCE, True),
+          _core.allgather_async: (_ops._ALLGATHER, False),
+          _core.grouped_allgather_async: (_ops._ALLGATHER, True),
+          _core.broadcast_async: (_ops._BROADCAST, False),
+          _core.broadcast_async_: (_ops._BROADCAST, False),
+          _core.alltoall_async: (_ops._ALLTOALL, False),
+          _core.reducescatter_async: (_ops._REDUCESCATTER, False),
+          _core.grouped_reducescatter_async: (_ops._REDUCESCATTER, True)}
+
+
+def _submit(fn, tensors, *args, name=None, process_set=global_process_set, **kwargs):
+    """Calls the core's ``fn``; a non-tensor raises TypeError here, and the
+    other ranks are told (tfring.core.ops.abandon) rather than left waiting."""
     for t in tensors:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"tfring.torch.{fn} takes torch tensors, not {type(t).__name__}")
-
-
-def _submit(fn, tensors, *args, **kwargs):
-    _check_tensors(tensors, fn.__name__)
+            error = TypeError(f"tfring.torch.{fn.__name__} takes torch tensors, not "
+                              f"{type(t).__name__}")
+            code, grouped = _CODES[fn]
+            _ops.abandon(code, name, process_set, len(tensors), error, grouped)
+            raise error
     try:
-        return fn(*args, **kwargs)
+        return fn(*args, name=name, process_set=process_set, **kwargs)
     except _core.CoreError as e:
         raise errors.translate(e) from None
 
@@ -164,7 +186,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         >>> hvd.synchronize(h)
     """
     return _register(_submit(_core.allreduce_async, [tensor], tensor, _reduce_op(average, op),
-                             name, prescale_factor, postscale_factor, process_set))
+                             prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, name=name,
+                             process_set=process_set))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -172,7 +196,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """allreduce_async() that writes the result into ``tensor``; synchronize()
     returns ``tensor``. Arguments as :func:`allreduce_async`."""
     return _register(_submit(_core.allreduce_async_, [tensor], tensor, _reduce_op(average, op),
-                             name, prescale_factor, postscale_factor, process_set),
+                             prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, name=name,
+                             process_set=process_set),
                      _into(tensor))
 
 
@@ -199,8 +225,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """
     tensors = list(tensors)
     return _register(_submit(_core.grouped_allreduce_async, tensors, tensors,
-                             _reduce_op(average, op), name, prescale_factor, postscale_factor,
-                             process_set))
+                             _reduce_op(average, op), prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, name=name,
+                             process_set=process_set))
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -208,8 +235,9 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     """grouped_allreduce_async() that writes each result into its input."""
     tensors = list(tensors)
     return _register(_submit(_core.grouped_allreduce_async_, tensors, tensors,
-                             _reduce_op(average, op), name, prescale_factor, postscale_factor,
-                             process_set), _into(tensors))
+                             _reduce_op(average, op), prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, name=name,
+                             process_set=process_set), _into(tensors))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -219,36 +247,66 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                                 postscale_factor, process_set))
 
 
+class SparseHandle:
+    """What :func:`sparse_allreduce_async` returns, as in Horovod a function:
+    calling it waits and returns the sparse result. poll() and synchronize()
+    take it too.
+
+    Example:
+        >>> handle = hvd.sparse_allreduce_async(grad, name="emb", op=hvd.Average)
+        >>> reduced = handle()
+    """
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __call__(self):
+        return synchronize(self.handle)
+
+
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
     """Starts the reduction of a sparse COO tensor as Horovod does it: every
-    rank's indices and values are gathered, and synchronize() returns the
-    sparse tensor of all of them (entries at the same index add up when it
-    is used or coalesced; divided by the set's size for Average).
+    rank's indices and values are gathered (one grouped allgather), and the
+    result is the sparse tensor of all of them, uncoalesced: entries at the
+    same index add up when it is used or coalesced; values are divided by
+    the set's size for Average.
 
     Args:
         tensor: a sparse COO tensor of the same dense shape on every rank.
-        name, process_set: as :func:`allreduce_async`.
+        name: the collective's name, the same on every rank (default: one
+            numbered in call order).
         op: Average (default) or Sum.
+        process_set: a ProcessSet (default: every rank).
+
+    Returns:
+        A :class:`SparseHandle`: call it (Horovod's way) or pass it to
+        synchronize() for the sparse result.
 
     Raises:
-        ValueError: another op.
+        ValueError: another op. TypeError: a dense tensor.
 
     Example:
-        >>> dense = hvd.synchronize(hvd.sparse_allreduce_async(grad)).to_dense()
+        >>> dense = hvd.sparse_allreduce_async(grad, "emb", hvd.Sum)().to_dense()
     """
     if op not in (Average, Sum):
         raise ValueError("sparse_allreduce_async takes op=Average or op=Sum")
-    t = tensor.coalesce()
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError("sparse_allreduce_async takes a sparse COO torch tensor, not "
+                        f"{type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else 'a dense one'}")
     ps = global_process_set if process_set is None else process_set
+    shape = tensor.shape
 
     def finish(result):
         indices, values = result
         if op == Average:
             values = values / ps.size()
-        return torch.sparse_coo_tensor(indices.t(), values, t.shape)
-    return _register(_submit(_core.grouped_allgather_async, [t], [t.indices().t().contiguous(),
-                                                                 t.values().contiguous()],
-                             name, process_set), finish)
+        return torch.sparse_coo_tensor(indices.t(), values, shape)
+    # Uncoalesced on purpose, as Horovod: coalescing here would sort and sum
+    # on every rank a result that the optimizer may use as it is.
+    return SparseHandle(_register(_submit(
+        _core.grouped_allgather_async, [tensor], [tensor._indices().t().contiguous(),
+                                                  tensor._values().contiguous()],
+        name=name, process_set=process_set), finish))
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -258,14 +316,16 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     Example:
         >>> rows = hvd.synchronize(hvd.allgather_async(torch.ones(hvd.rank() + 1, 2)))
     """
-    return _register(_submit(_core.allgather_async, [tensor], tensor, name, process_set))
+    return _register(_submit(_core.allgather_async, [tensor], tensor, name=name,
+                             process_set=process_set))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts an allgather of a list of tensors as one group; synchronize()
     returns a list."""
     tensors = list(tensors)
-    return _register(_submit(_core.grouped_allgather_async, tensors, tensors, name, process_set))
+    return _register(_submit(_core.grouped_allgather_async, tensors, tensors, name=name,
+                             process_set=process_set))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -275,14 +335,14 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     Example:
         >>> w = hvd.synchronize(hvd.broadcast_async(w, root_rank=0))
     """
-    return _register(_submit(_core.broadcast_async, [tensor], tensor, root_rank, name,
-                             process_set))
+    return _register(_submit(_core.broadcast_async, [tensor], tensor, root_rank, name=name,
+                             process_set=process_set))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """broadcast_async() that writes the root's value into ``tensor``."""
-    return _register(_submit(_core.broadcast_async_, [tensor], tensor, root_rank, name,
-                             process_set), _into(tensor))
+    return _register(_submit(_core.broadcast_async_, [tensor], tensor, root_rank, name=name,
+                             process_set=process_set), _into(tensor))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -317,15 +377,19 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """
     splits = _splits_list(splits)
     size = (global_process_set if process_set is None else process_set).size()
+    if splits is None and isinstance(tensor, torch.Tensor) and tensor.dim() and size \
+            and tensor.shape[0] % size == 0:
+        # Even splits, spelled out: each rank's own rows per rank, which may
+        # differ by rank, so the rows received come back from the core (the
+        # gradient sends them back with those splits). A first dimension
+        # that does not divide is left to the core's error.
+        splits = [tensor.shape[0] // size] * size
 
     def finish(result):
-        if splits is None:
-            # Even splits: every rank sent the same number of rows.
-            rows = result.shape[0] // size if size else 0
-            return result, torch.full((size,), rows, dtype=torch.int32)
         out, received = result
         return out, torch.from_numpy(received).to(torch.int32)
-    return _register(_submit(_core.alltoall_async, [tensor], tensor, splits, name, process_set),
+    return _register(_submit(_core.alltoall_async, [tensor], tensor, splits, name=name,
+                             process_set=process_set),
                      finish)
 
 
@@ -338,8 +402,10 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     Example:
         >>> part = hvd.synchronize(hvd.reducescatter_async(torch.ones(4, 2), op=hvd.Sum))
     """
-    return _register(_submit(_core.reducescatter_async, [tensor], tensor, op, name,
-                             process_set, prescale_factor, postscale_factor))
+    return _register(_submit(_core.reducescatter_async, [tensor], tensor, op,
+                             prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, name=name,
+                             process_set=process_set))
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average,
@@ -347,8 +413,10 @@ def grouped_reducescatter_async(tensors, name=None, op=Average,
                                 postscale_factor=1.0):
     """Starts a reducescatter of a list of tensors as one group."""
     tensors = list(tensors)
-    return _register(_submit(_core.grouped_reducescatter_async, tensors, tensors, op, name,
-                             process_set, prescale_factor, postscale_factor))
+    return _register(_submit(_core.grouped_reducescatter_async, tensors, tensors, op,
+                             prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, name=name,
+                             process_set=process_set))
 
 
 def join(device=-1):

@@ -54,13 +54,15 @@ class _DistributedOptimizer:
         self._process_set = process_set
         self._groups = self._make_groups(params, groups)
         self._group_of = {id(p): g for g, members in enumerate(self._groups) for p in members}
-        self._pending = {}        # group index -> (handle, [(param, compression ctx)])
+        self._pending = {}        # group index -> [(handle, [(param, compression ctx)])]
         self._ready = {}          # group index -> params whose gradient is final
         self._countdown = {id(p): self._passes for p in params}
         self._synchronized = False
         self._skip = False
+        # A rank outside the process set reduces nothing: its step() uses its
+        # own gradients, and it is never asked into the set's allreduces.
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
-                       for p in params if p.requires_grad]
+                       for p in params if p.requires_grad] if self._in_set() else []
         self._step_count = 0
 
     @staticmethod
@@ -102,29 +104,46 @@ class _DistributedOptimizer:
         if len(ready) == len(self._groups[g]):
             self._start(g)
 
+    def _in_set(self):
+        ps = self._process_set
+        return ps is None or ps is global_process_set or ps.included()
+
     def _skip_hooks(self):
-        return _core.size() == 1 and self._op != Adasum and self._prescale * self._postscale == 1
+        return (_core.size() == 1 and self._op != Adasum and
+                self._prescale * self._postscale == 1) or not self._in_set()
 
     def _grad(self, p):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if p.grad.is_sparse:
-            if not self._sparse_as_dense:
-                raise ValueError("tfring: sparse gradients are reduced as dense ones only: "
-                                 "pass sparse_as_dense=True")
+        if p.grad.is_sparse and self._sparse_as_dense:
             p.grad = p.grad.to_dense()
         return p.grad
 
     def _start(self, g):
         params = self._groups[g]
-        compressed = [self._compression.compress(self._grad(p)) for p in params]
-        # In place, as Horovod does: uncompressed, each gradient is reduced in
-        # its own .grad (no new tensor, no copy back).
-        handle = mpi_ops.grouped_allreduce_async_(
-            [c[0] for c in compressed], name=self._group_name(g), op=self._op,
-            prescale_factor=self._prescale, postscale_factor=self._postscale,
-            process_set=self._process_set)
-        self._pending[g] = (handle, [(p, c[1]) for p, c in zip(params, compressed)])
+        grads = [self._grad(p) for p in params]
+        parts = []
+        # Sparse gradients, as Horovod reduces them by default: each its own
+        # allgather of indices and values (sparse_allreduce_async).
+        for p in (p for p, grad in zip(params, grads) if grad.is_sparse):
+            if self._op == Adasum:
+                raise ValueError("tfring: Adasum reduces dense gradients only: pass "
+                                 "sparse_as_dense=True")
+            handle = mpi_ops.sparse_allreduce_async(
+                p.grad, name=f"{self._group_name(g)}.sparse.{self._names[id(p)]}",
+                op=self._op, process_set=self._process_set)
+            parts.append((handle, [(p, None)]))
+        dense = [p for p, grad in zip(params, grads) if not grad.is_sparse]
+        if dense:
+            compressed = [self._compression.compress(p.grad) for p in dense]
+            # In place, as Horovod does: uncompressed, each gradient is reduced
+            # in its own .grad (no new tensor, no copy back).
+            handle = mpi_ops.grouped_allreduce_async_(
+                [c[0] for c in compressed], name=self._group_name(g), op=self._op,
+                prescale_factor=self._prescale, postscale_factor=self._postscale,
+                process_set=self._process_set)
+            parts.append((handle, [(p, c[1]) for p, c in zip(dense, compressed)]))
+        self._pending[g] = parts
         self._ready.pop(g, None)
 
     def synchronize(self):
@@ -149,13 +168,16 @@ class _DistributedOptimizer:
                     self._start(g)
         try:
             for g in sorted(self._pending):
-                handle, params = self._pending[g]
-                reduced = mpi_ops.synchronize(handle)
-                with torch.no_grad():
-                    for (p, ctx), r in zip(params, reduced):
-                        value = self._compression.decompress(r, ctx)
-                        if value is not p.grad:
-                            p.grad.copy_(value)
+                for handle, params in self._pending[g]:
+                    if isinstance(handle, mpi_ops.SparseHandle):
+                        params[0][0].grad = handle()
+                        continue
+                    reduced = mpi_ops.synchronize(handle)
+                    with torch.no_grad():
+                        for (p, ctx), r in zip(params, reduced):
+                            value = self._compression.decompress(r, ctx)
+                            if value is not p.grad:
+                                p.grad.copy_(value)
         finally:
             self._pending.clear()
             self._ready.clear()
@@ -223,15 +245,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             after it (op=Average only).
         groups: None (one allreduce per parameter), an int (that many
             groups), or lists of parameters reduced together.
-        sparse_as_dense: reduce sparse gradients as dense tensors.
-        process_set: the ranks that average (default: every rank).
+        sparse_as_dense: reduce sparse gradients as dense tensors (default:
+            as sparse ones, an allgather of their indices and values, as
+            Horovod does).
+        process_set: the ranks that average (default: every rank). On a
+            rank outside it, step() uses the rank's own gradients.
 
     Returns:
         The distributed optimizer.
 
     Raises:
         ValueError: bad arguments (a parameter missing from
-            named_parameters, op not Average/Sum/Adasum, ...).
+            named_parameters, op not Average/Sum/Adasum, ...); at step(),
+            a sparse gradient with op=Adasum.
 
     Example:
         >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

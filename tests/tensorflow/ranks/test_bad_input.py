@@ -91,14 +91,18 @@ def test_grouped_allreduce_member_shape_mismatch(rank):
 @multi_rank
 def test_alltoall_splits_wrong_on_one_rank_name_that_rank(rank, size):
     # Only rank 1's splits are wrong: it refuses them by itself, at once, and
-    # nothing reaches the others (who therefore must not submit this alltoall,
-    # as they would wait for rank 1 in Horovod too).
+    # tells the coordinator so, so the others' same alltoall fails naming
+    # rank 1 and the collective instead of waiting for it.
     if rank == 1:
         splits = [2] + [1] * (size - 1)  # adds up to size + 1 rows
         expect_invalid_argument(
             lambda: hvd.alltoall(ones([size, 2]), splits=splits, name="a2a_one"),
             "Invalid ALLTOALL splits for tensor 'a2a_one' on rank 1",
             f"adding up to the first dimension {size}")
+    else:
+        expect_precondition(
+            lambda: hvd.alltoall(ones([size, 2]), splits=[1] * size, name="a2a_one"),
+            "ALLTOALL of tensor 'a2a_one' failed because rank 1 raised before submitting it")
     # The same name then runs, with good splits, on every rank.
     out, received = hvd.alltoall(ones([size, 2]), splits=[1] * size, name="a2a_one")
     assert out.shape == (size, 2) and list(received.numpy()) == [1] * size

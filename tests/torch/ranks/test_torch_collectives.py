@@ -170,7 +170,7 @@ def test_gradients_flow_through_the_collectives(rank, size):
 
     x.grad = None
     hvd.reducescatter(x, op=hvd.Average).sum().backward()
-    assert torch.allclose(x.grad, torch.full_like(x, 1.0 / size))
+    assert torch.equal(x.grad, torch.ones_like(x))  # Horovod's: not divided by size
 
 
 def test_objects_and_parameters(rank, size):
@@ -225,3 +225,79 @@ def test_sparse_allreduce_async(rank, size):
     assert out.is_sparse and torch.equal(out.to_dense(), expected)
     avg = hvd.synchronize(hvd.sparse_allreduce_async(dense.to_sparse()))
     assert torch.allclose(avg.to_dense(), expected / size)
+
+
+# Horovod's scaling rule: a factor is applied once, in float64 for integers,
+# in float32 for 16-bit floats (on the CPU), in the tensor's own type for
+# float32 and float64; the result is rounded (integers truncated) to the dtype.
+SCALED_IN = {torch.int32: torch.float64, torch.int64: torch.float64,
+             torch.float16: torch.float32, torch.bfloat16: torch.float32,
+             torch.float32: torch.float32, torch.float64: torch.float64}
+# Not representable in float32, so scaling in double and in float differ.
+FACTOR = 0.1915194503788923
+
+
+def _scaled(x, dtype):
+    math = SCALED_IN[dtype]
+    return (x.to(math) * torch.tensor(FACTOR, dtype=torch.float64).to(math)).to(dtype)
+
+
+def _same_on_every_rank(dtype, rows):
+    torch.manual_seed(1234)
+    return torch.empty(rows, 5).random_(-100, 100).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", list(SCALED_IN), ids=str)
+def test_scale_factors_follow_horovods_rule(dtype, rank, size):
+    x = _same_on_every_rank(dtype, 2 * size)
+    summed = (x.to(torch.float64) * size).to(dtype)  # exact: small integers
+    pre = (_scaled(x, dtype).to(torch.float64) * size).to(dtype)
+    post = _scaled(summed, dtype)
+    mine = slice(2 * rank, 2 * rank + 2)
+    for what, out, expected in [
+        ("allreduce prescale", hvd.allreduce(x, op=hvd.Sum, prescale_factor=FACTOR), pre),
+        ("allreduce postscale", hvd.allreduce(x, op=hvd.Sum, postscale_factor=FACTOR), post),
+        ("reducescatter prescale",
+         hvd.reducescatter(x, op=hvd.Sum, prescale_factor=FACTOR), pre[mine]),
+        ("reducescatter postscale",
+         hvd.reducescatter(x, op=hvd.Sum, postscale_factor=FACTOR), post[mine]),
+        ("grouped reducescatter postscale",
+         hvd.grouped_reducescatter([x], op=hvd.Sum, postscale_factor=FACTOR)[0], post[mine]),
+    ]:
+        assert out.dtype == dtype and torch.equal(out, expected), \
+            f"{what} {dtype}: {out.flatten()[:4]} vs {expected.flatten()[:4]}"
+
+
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["sum", "average"])
+def test_reducescatter_gradient_is_horovods(op, rank, size):
+    """Horovod's reducescatter gradient: the allgathered gradient, times the
+    set's size for Sum (once for Average), times the scale factors."""
+    x = torch.ones(2 * size, 3, requires_grad=True)
+    hvd.reducescatter(x, op=op, prescale_factor=0.5, postscale_factor=3.0).sum().backward()
+    scale = 1.5 * (size if op == hvd.Sum else 1)
+    assert torch.equal(x.grad, torch.full_like(x, scale))
+    xs = [torch.ones(size, requires_grad=True), torch.ones(2 * size, 2, requires_grad=True)]
+    a, b = hvd.grouped_reducescatter(xs, op=op)
+    (a.sum() + 2 * b.sum()).backward()
+    unit = size if op == hvd.Sum else 1
+    assert torch.equal(xs[0].grad, torch.full_like(xs[0], unit))
+    assert torch.equal(xs[1].grad, torch.full_like(xs[1], 2 * unit))
+
+
+def test_reducescatter_first_dimension_smaller_than_the_ranks(rank, size):
+    out = hvd.reducescatter(torch.ones(1, 3), op=hvd.Sum)
+    assert out.shape == ((1, 3) if rank == 0 else (0, 3))
+    assert torch.equal(out, torch.full(out.shape, float(size)))
+
+
+def test_alltoall_equal_split_gradient_with_ranks_sending_different_rows(rank, size):
+    """Without splits each rank sends (rank + 1) rows to every rank: rank j's
+    rows it receives number j + 1, and the gradient goes back the same way."""
+    x = torch.arange(size).repeat_interleave(rank + 1).float().view(-1, 1).requires_grad_()
+    out = hvd.alltoall(x)
+    assert out.shape[0] == sum(range(1, size + 1))
+    assert out.view(-1).tolist() == [float(rank)] * out.shape[0]
+    (out * 3).sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 3.0))
+    _, received = hvd.synchronize(hvd.alltoall_async(x.detach()))
+    assert received.tolist() == list(range(1, size + 1))

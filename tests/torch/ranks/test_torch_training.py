@@ -114,3 +114,66 @@ def test_synchronize_then_skip_synchronize(rank, size):
     opt.synchronize()
     with pytest.warns(UserWarning, match="second time"):
         opt.step()
+
+
+def test_sparse_gradients_are_reduced_as_sparse_by_default(rank, size):
+    """An embedding with sparse gradients trains like one process on the
+    full batch, without sparse_as_dense: the gradients travel as indices
+    and values (Horovod's default) and stay sparse."""
+    torch.manual_seed(0)
+    reference = torch.nn.Embedding(6, 3, sparse=True).double()
+    model = torch.nn.Embedding(6, 3, sparse=True).double()
+    model.load_state_dict(reference.state_dict())
+    ids = torch.arange(size * 2) % 6
+    torch.nn.functional.embedding(ids, reference.weight).pow(2).mean().backward()
+    torch.optim.SGD(reference.parameters(), lr=0.5).step()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                   named_parameters=model.named_parameters())
+    model(ids[2 * rank:2 * rank + 2]).pow(2).mean().backward()
+    opt.step()
+    assert model.weight.grad.is_sparse
+    torch.testing.assert_close(model.weight, reference.weight)
+
+
+def test_sparse_allreduce_async_is_horovods_callable(rank, size):
+    dense = torch.zeros(4, 2, dtype=torch.float64)
+    dense[rank % 4] = rank + 1
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), "sparse_callable", hvd.Sum)
+    out = handle()
+    expected = torch.zeros(4, 2, dtype=torch.float64)
+    for r in range(size):
+        expected[r % 4] += r + 1
+    assert out.is_sparse and torch.equal(out.to_dense(), expected)
+
+
+def test_broadcast_optimizer_state_with_params_without_grad_or_state(rank, size):
+    """As Horovod: a fresh optimizer gets zero gradients for its trainable
+    parameters and its state; a frozen parameter keeps grad None."""
+    torch.manual_seed(rank)
+    frozen = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+    trained = torch.nn.Parameter(torch.rand(4))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([frozen, trained], lr=0.1, momentum=0.9),
+                                   named_parameters=[("frozen", frozen), ("trained", trained)])
+    hvd.broadcast_parameters({"frozen": frozen, "trained": trained}, root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert frozen.grad is None
+    assert torch.equal(trained.grad, torch.zeros(4))
+    momentum = opt.state[trained]["momentum_buffer"]
+    gathered = hvd.allgather(momentum.view(1, -1))
+    assert torch.equal(gathered, gathered[:1].expand_as(gathered))
+
+
+def test_optimizer_on_a_process_set_leaves_other_ranks_alone(partial_set, rank, size):
+    """Only the set's ranks average; a rank outside steps on its own
+    gradients and takes part in nothing."""
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters(),
+                                   process_set=partial_set)
+    model(torch.full((1, 3), float(rank), dtype=torch.float64)).sum().backward()
+    opt.step()
+    members = partial_set.ranks
+    grad = sum(members) / len(members) if rank in members else rank
+    assert torch.equal(model.weight, torch.full((1, 3), 1.0 - grad, dtype=torch.float64))

@@ -91,15 +91,20 @@ void TestWide(DataType dt) {
     if (wrong) std::fprintf(stderr, "%s / %d: %lld wrong\n", DataTypeName(dt), ranks, (long long)wrong);
     CHECK(wrong == 0);
   }
-  // A factor that is no float32: rounded once from the double product.
+  // A factor that is no float32: Horovod's rule rounds it to T first and
+  // multiplies in T (float32 * float32, not a rounded double product).
   std::vector<T> got = all;
   const double third = 1.0 / 3.0;
   CHECK(ScaleBuffer(got.data(), n, dt, third).ok());
   int64_t wrong = 0;
   for (int64_t i = 0; i < n; ++i) {
-    wrong += got[i] != static_cast<T>(static_cast<double>(all[i]) * third);
+    wrong += got[i] != static_cast<T>(all[i] * static_cast<T>(third));
   }
   CHECK(wrong == 0);
+  // Integers scale in double and truncate.
+  int32_t ints[3] = {7, -7, 100};
+  CHECK(ScaleBuffer(ints, 3, DataType::INT32, third).ok());
+  CHECK(ints[0] == 2 && ints[1] == -2 && ints[2] == 33);
 }
 
 // An average with a postscale, and integers, keep their meaning.

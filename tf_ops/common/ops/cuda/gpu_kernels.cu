@@ -21,30 +21,32 @@ unsigned CopyBlocks(int64_t largest) {
   return static_cast<unsigned>(b < 64 ? (b < 1 ? 1 : b) : 64);
 }
 
-// In double, rounded once to T: the CPU's ScaleBuffer (reduction.cc), bit
-// for bit, integers truncating.
-template <typename T>
+// The CPU's ScaleBuffer (reduction.cc) bit for bit: Horovod's rule, in
+// double for integers (truncating), in T's own type for float and double.
+template <typename T, typename M>
 __global__ void ScaleKernel(T* dst, const T* src, int64_t n, double factor) {
+  const M f = static_cast<M>(factor);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    dst[i] = static_cast<T>(static_cast<double>(src[i]) * factor);
+    dst[i] = static_cast<T>(static_cast<M>(src[i]) * f);
   }
 }
 
-// 16-bit floats go through float on the way down, as on the CPU.
+// 16-bit floats in float with a float factor, as on the CPU.
 __global__ void ScaleHalfKernel(__half* dst, const __half* src, int64_t n, double factor) {
+  const float f = static_cast<float>(factor);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    dst[i] = __float2half_rn(static_cast<float>(static_cast<double>(__half2float(src[i])) * factor));
+    dst[i] = __float2half_rn(__half2float(src[i]) * f);
   }
 }
 
 __global__ void ScaleBf16Kernel(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t n,
                                 double factor) {
+  const float f = static_cast<float>(factor);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    dst[i] = __float2bfloat16_rn(
-        static_cast<float>(static_cast<double>(__bfloat162float(src[i])) * factor));
+    dst[i] = __float2bfloat16_rn(__bfloat162float(src[i]) * f);
   }
 }
 
@@ -95,10 +97,10 @@ __global__ void CopyBatchKernel(CopyBatch batch) {
   for (long long i = done + start; i < bytes; i += step) dst[i] = src[i];
 }
 
-template <typename T>
+template <typename T, typename M = double>
 int ScaleAny(void* dst, const void* src, int64_t n, double factor, cudaStream_t s) {
-  ScaleKernel<T><<<Blocks(n), kThreads, 0, s>>>(static_cast<T*>(dst),
-                                                   static_cast<const T*>(src), n, factor);
+  ScaleKernel<T, M><<<Blocks(n), kThreads, 0, s>>>(static_cast<T*>(dst),
+                                                      static_cast<const T*>(src), n, factor);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -116,7 +118,7 @@ int LaunchScale(void* dst, const void* src, int64_t n, DataType dtype, double fa
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int blocks = Blocks(n);
   switch (dtype) {
-    case DataType::FLOAT32: return ScaleAny<float>(dst, src, n, factor, s);
+    case DataType::FLOAT32: return ScaleAny<float, float>(dst, src, n, factor, s);
     case DataType::FLOAT64: return ScaleAny<double>(dst, src, n, factor, s);
     case DataType::FLOAT16:
       ScaleHalfKernel<<<blocks, kThreads, 0, s>>>(static_cast<__half*>(dst),

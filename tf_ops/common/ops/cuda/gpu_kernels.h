@@ -13,8 +13,8 @@ namespace tfring {
 namespace cuda {
 
 // dst[i] = src[i] * factor (dst may be src), with ScaleBuffer's semantics
-// (reduction.h): in double, rounded once (float16/bfloat16 through float, to
-// nearest even), integers truncated. bool is refused (cudaErrorInvalidValue).
+// (reduction.h): Horovod's rule, in double for integers (truncated), in the
+// dtype's own type for float and double, in float for float16/bfloat16. bool is refused (cudaErrorInvalidValue).
 int LaunchScale(void* dst, const void* src, int64_t count, DataType dtype, double factor,
                 void* stream);
 // buf[i] /= divisor in the dtype's own arithmetic (C's truncating division
