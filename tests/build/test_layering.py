@@ -22,7 +22,8 @@ a program (``python -m``) on top of everything. From the bottom:
    neither. ``tfring.torch``, PyTorch's binding, over tfring.core; no other
    module of tfring imports torch (an extra, ``tfring[torch]``).
 4. ``tfring.ray`` and ``tfring.spark``: launchers over other schedulers,
-   built on tfring.runner (and Spark's Keras estimator on tfring.keras).
+   built on tfring.runner (and their Keras pieces, Spark's estimator and
+   Ray Train's report/checkpoint callback, on tfring.keras).
 
 And no import cycle among tfring's modules: an import names the module it
 reads (``from tfring.x import y`` reads tfring.x.y when that is a module,
@@ -123,7 +124,7 @@ ALLOWED = {
     "torch": {"_store", "build", "common", "core"},
     "tensorflow": {"_store", "build", "common", "keras"},
     "keras": {"_store", "build", "common", "tensorflow"},
-    "ray": {"_store", "build", "common", "runner"},
+    "ray": {"_store", "build", "common", "runner", "tensorflow", "keras"},
     "spark": {"_store", "build", "common", "runner", "tensorflow", "keras"},
 }
 
