@@ -28,6 +28,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from tfring.runner import wire
 from tfring.runner import engine_env, start_rendezvous
+from tfring.ray.worker import stop_tfring
 
 # Variables the backend decides for each group; a user's env_vars may not
 # set them (the job would not form, or would form wrongly).
@@ -116,18 +117,6 @@ def _set_environment(env):
     return True
 
 
-def _stop_tfring():
-    """Shuts tfring down in this worker, if its loop started it."""
-    import sys
-    basics = sys.modules.get("tfring.common.basics")
-    if basics is not None:
-        try:
-            basics.shutdown()
-        except Exception:  # noqa: BLE001 - the worker is going away anyway
-            pass
-    return True
-
-
 class _TfringBackend(Backend):
     """Forms a tfring job over each worker group (see the module's text).
 
@@ -170,7 +159,7 @@ class _TfringBackend(Backend):
 
     def on_shutdown(self, worker_group, backend_config):
         try:
-            refs = worker_group.execute_async(_stop_tfring)
+            refs = worker_group.execute_async(stop_tfring)
             # A dead worker's ref fails; a stuck one is ended with its actor.
             ray.wait(refs, num_returns=len(refs), timeout=backend_config.shutdown_timeout_s)
         finally:

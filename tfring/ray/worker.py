@@ -52,14 +52,7 @@ class _Worker:
 
     def stop_tfring(self):
         """Shuts tfring down in this process, if it was started here."""
-        import sys
-        basics = sys.modules.get("tfring.common.basics")
-        if basics is not None:
-            try:
-                basics.shutdown()
-            except Exception:  # noqa: BLE001 - the actor is going away anyway
-                pass
-        return True
+        return stop_tfring()
 
 
 
@@ -73,3 +66,17 @@ def start(index, **options):
     fake = remote.fake_host_names()
     return _RemoteWorker.options(**options).remote(
         fake[index] if fake and index < len(fake) else None)
+
+
+def stop_tfring():
+    """Shuts tfring down in this Ray worker process, if something in it
+    started tfring (a RayExecutor actor's function, a TfringTrainer loop);
+    returns True. Errors are ignored: the process is going away anyway."""
+    import sys
+    basics = sys.modules.get("tfring.common.basics")
+    if basics is not None:
+        try:
+            basics.shutdown()
+        except Exception:  # noqa: BLE001 - the worker is going away anyway
+            pass
+    return True
