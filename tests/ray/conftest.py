@@ -1,26 +1,46 @@
-"""A local Ray instance shared by the Ray tests (starting one takes ~15 s)."""
+"""One Ray cluster shared by the Ray tests (starting one takes ~15 s).
+
+It is a ``ray.cluster_utils.Cluster``: a head node that runs every test, and
+nodes a test may add and remove (elastic resizes) while the others share
+the head's resources."""
 import os
 
 import pytest
 
 from support import import_extra, live_pids
 
+# The head's slots of this resource are the only ones until a test adds a
+# node: a trainer that asks for one per worker grows and shrinks with nodes.
+RESIZE_SLOT = "tfring_resize_slot"
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray instance with 4 logical CPUs (enough for 3 one-CPU
+    """A cluster whose head has 4 logical CPUs (enough for 3 one-CPU
     workers; the machine may have fewer cores: Ray's CPUs are only
-    bookkeeping). When the session ends it is shut down, and no process it
-    started may outlive it."""
+    bookkeeping) and 2 ``RESIZE_SLOT``s. When the session ends it is shut
+    down, and no process it started may outlive it."""
     ray = import_extra("ray")
+    from ray.cluster_utils import Cluster
+
     from tfring.runner.processes import descendants
+    # Ray Train waits this long for a worker group's resources before it
+    # tries a smaller one. After a node is removed, Ray still counts its
+    # resources for a while, so a shrink waits out this timeout once; the
+    # default is 60 s. Ray hands the variable on to its controller.
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "20")
     before = set(descendants([os.getpid()]))
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 << 20,
-             log_to_driver=False)
-    # Ray's own processes (GCS, raylet, ...): what this process started just
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 4, "resources": {RESIZE_SLOT: 2}, "object_store_memory": 200 << 20,
+        "include_dashboard": False})
+    ray.init(address=cluster.address, log_to_driver=False)
+    # Ray's own processes (GCS, raylets, ...): what this process started just
     # now; every worker and actor is under them.
     roots = [p for p in descendants([os.getpid()]) if p not in before]
-    yield ray
-    started = roots + descendants(roots)
+    yield cluster
+    # With those of the nodes the tests added.
+    started = set(roots + descendants(roots))
+    started |= {p for p in descendants([os.getpid()]) if p not in before}
     ray.shutdown()
-    assert not live_pids(started, wait=10.0), "Ray's processes outlived ray.shutdown()"
+    cluster.shutdown()
+    assert not live_pids(sorted(started), wait=10.0), "Ray's processes outlived the cluster's shutdown"

@@ -115,6 +115,61 @@ def _data_loop(config):
              ids=np.asarray(ids, dtype=np.int64))
 
 
+def _resize_loop(config):
+    """Steps of one allreduce each, with a report and rank 0's checkpoint
+    per step, until the driver says stop; a restarted group goes on from
+    the last checkpoint's step. Light on purpose (tfring.core, no
+    TensorFlow): the test is about the group, not the model."""
+    import tempfile
+    import time
+
+    import tfring.core as hvd
+    hvd.init()
+    ctx = ray.train.get_context()
+    step = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            with open(os.path.join(directory, "step.json")) as f:
+                step = json.load(f)["step"]
+    seen = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+            "ray": [ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()],
+            "pid": os.getpid(), "port": int(os.environ["TFRING_RENDEZVOUS_PORT"]),
+            "secret": hashlib.sha256(os.environ["TFRING_SECRET"].encode()).hexdigest(),
+            "start": step, "node": ray.get_runtime_context().get_node_id()}
+    with open(os.path.join(config["out"], f"resize-{os.getpid()}.json"), "w") as f:
+        json.dump(seen, f)
+    stop = os.path.join(config["out"], "stop")
+    while not os.path.exists(stop):
+        total = hvd.allreduce(np.full(4, hvd.rank() + 1, np.float32), op=hvd.Sum, name="step")
+        assert total.tolist() == [hvd.size() * (hvd.size() + 1) / 2] * 4, total
+        step += 1
+        with tempfile.TemporaryDirectory() as directory:
+            checkpoint = None
+            if hvd.rank() == 0:
+                with open(os.path.join(directory, "step.json"), "w") as f:
+                    json.dump({"step": step}, f)
+                checkpoint = ray.train.Checkpoint.from_directory(directory)
+            ray.train.report({"step": step, "size": hvd.size()}, checkpoint=checkpoint)
+        if hvd.rank() == 0:
+            with open(os.path.join(config["out"], f"reported-at-{hvd.size()}"), "w") as f:
+                f.write(str(step))
+        time.sleep(0.2)
+
+
+def _gpu_loop(config):
+    """Writes which GPU Ray gave this worker and which one tfring's
+    local rank picks among those it sees."""
+    import tfring.core as hvd
+    hvd.init()
+    visible = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+    seen = {"rank": hvd.rank(), "local_rank": hvd.local_rank(), "visible": visible,
+            "picked": visible[hvd.local_rank()], "given": [str(g) for g in ray.get_gpu_ids()]}
+    with open(os.path.join(config["out"], f"gpu-{hvd.rank()}.json"), "w") as f:
+        json.dump(seen, f)
+    ray.train.report({"rank": hvd.rank()})
+
+
 class RankRefused(ValueError):
     pass
 
@@ -266,6 +321,99 @@ def test_ray_data_shards_feed_keras_fit(ray_cluster, tmp_path):
     assert result.error is None
     assert all(np.isfinite(s["arr_0"]).all() for s in saved)
     _check_nothing_left(seen)
+
+
+def test_elastic_group_re_forms_when_a_node_comes_and_goes(ray_cluster, tmp_path):
+    """ScalingConfig(num_workers=(2, 3)) over the head's 2 resize slots: a
+    node with a third slot grows the group to 3, and removing it (its worker
+    dies with it) shrinks the group to 2 again. Each group is its own tfring
+    job at its size, and each goes on from the last checkpoint."""
+    from conftest import RESIZE_SLOT
+    trainer = TfringTrainer(
+        _resize_loop, train_loop_config={"out": str(tmp_path)},
+        scaling_config=ScalingConfig(num_workers=(2, 3),
+                                     resources_per_worker={"CPU": 0, RESIZE_SLOT: 1},
+                                     elastic_resize_monitor_interval_s=1),
+        run_config=_run_config(tmp_path, "resize", max_failures=2))
+    outcome = {}
+
+    def fit():
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome["error"] = e
+
+    def groups():
+        seen = _seen(tmp_path, "resize")
+        return [[s for s in seen if s["size"] == size] for size in (2, 3)]
+
+    def wait_for(what, done, timeout=FIT_TIMEOUT / 2):
+        import time
+        deadline = time.monotonic() + timeout
+        while not done(*groups()):
+            assert "error" not in outcome, outcome["error"]
+            assert time.monotonic() < deadline, f"no {what} within {timeout} s: {groups()}"
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=fit, daemon=True)
+    thread.start()
+    node = None
+    try:
+        wait_for("group of 2", lambda two, three: len(two) == 2)
+        node = ray_cluster.add_node(num_cpus=1, resources={RESIZE_SLOT: 1})
+        # Grown, and has checkpointed at 3 (the group after goes on from there).
+        wait_for("report of a group of 3", lambda two, three: len(three) == 3
+                 and os.path.exists(tmp_path / "reported-at-3"))
+        ray_cluster.remove_node(node)
+        node = None
+        wait_for("group of 2 after the node left", lambda two, three: len(two) == 4)
+    finally:
+        with open(tmp_path / "stop", "w"):
+            pass
+        if node is not None:
+            ray_cluster.remove_node(node)
+        thread.join(FIT_TIMEOUT / 2)
+    assert not thread.is_alive(), "fit() did not end after the loop was told to stop"
+    if "error" in outcome:
+        raise outcome["error"]
+    two, three = groups()
+    first, last = sorted(two, key=lambda s: s["start"])[:2], sorted(two, key=lambda s: s["start"])[2:]
+    for group in (first, three, last):
+        _check_joined(group, len(group))
+    # The third worker ran on the added node; three jobs, not one re-used.
+    assert len({s["node"] for s in three}) == 2
+    assert len({(s["port"], s["secret"]) for s in first + three + last}) == 3
+    # Each new group went on from where the one before had checkpointed.
+    assert first[0]["start"] == 0
+    assert 0 < three[0]["start"] <= last[0]["start"]
+    assert {s["start"] for s in three} == {three[0]["start"]}
+    assert {s["start"] for s in last} == {last[0]["start"]}
+    # Ray keeps the reports it collected: a group of 3 that dies soon after
+    # its first report may lose it (the marker file above shows it ran).
+    sizes = list(outcome["result"].metrics_dataframe["size"])
+    assert sizes[0] == 2 and sizes[-1] == 2 and set(sizes) <= {2, 3}
+    assert outcome["result"].metrics["step"] > last[0]["start"]
+    _check_nothing_left(first + three + last)
+
+
+def test_use_gpu_workers_see_their_node_gpus_in_local_rank_order(ray_cluster, tmp_path):
+    """use_gpu=True on a node with 2 (logical) GPUs: each worker sees both,
+    as the NCCL plane needs, and hvd.local_rank() picks the one Ray gave
+    it. No CUDA here: what runs on the devices is tested in tests/gpu."""
+    node = ray_cluster.add_node(num_cpus=2, num_gpus=2)
+    try:
+        trainer = TfringTrainer(_gpu_loop, train_loop_config={"out": str(tmp_path)},
+                                scaling_config=ScalingConfig(num_workers=2, use_gpu=True),
+                                run_config=_run_config(tmp_path, "gpu"))
+        _fit(trainer)
+    finally:
+        ray_cluster.remove_node(node)
+    seen = [json.loads((tmp_path / f"gpu-{rank}.json").read_text()) for rank in range(2)]
+    assert [s["local_rank"] for s in seen] == [0, 1]
+    for s in seen:
+        assert sorted(s["visible"]) == ["0", "1"], s
+        assert [s["picked"]] == s["given"], s
+    assert seen[0]["picked"] != seen[1]["picked"]
 
 
 def test_a_rank_that_raises_ends_fit_with_its_exception(ray_cluster, tmp_path):
