@@ -27,9 +27,9 @@ RUN_TIMEOUT = 400
 
 
 def _train(script, steps, kill_worker, kill_step, full_size, wait_step, step_sleep,
-           raise_worker=None, raise_step=None):
-    """Runs in each actor. Worker `kill_worker` SIGKILLs its own process at
-    `kill_step`; at `wait_step` every rank waits (checking for new hosts)
+           raise_worker=None, raise_step=None, kill_signal="SIGKILL"):
+    """Runs in each actor. Worker `kill_worker` sends `kill_signal` to its
+    own process at `kill_step` (SIGSTOP: alive to Ray, silent to its peers); at `wait_step` every rank waits (checking for new hosts)
     until the job has `full_size` ranks again, so the replacement surely
     joins before the end. Worker `raise_worker` raises ValueError at
     `raise_step`. Returns this rank's view of the end."""
@@ -59,7 +59,7 @@ def _train(script, steps, kill_worker, kill_step, full_size, wait_step, step_sle
         while state.step < steps:
             s, n, r = state.step, hvd.size(), hvd.rank()
             if wid == kill_worker and s == kill_step:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), getattr(signal, kill_signal))
             if wid == raise_worker and s == raise_step:
                 raise ValueError(f"bad batch at step {s}")
             if s == wait_step:
@@ -79,23 +79,29 @@ def _train(script, steps, kill_worker, kill_step, full_size, wait_step, step_sle
             "weights": [v.numpy() for v in model.trainable_variables]}
 
 
-def test_killed_actor_is_replaced_and_the_job_finishes(ray_cluster):
+@pytest.mark.parametrize("kill_signal", ["SIGKILL", "SIGSTOP"])
+def test_killed_actor_is_replaced_and_the_job_finishes(ray_cluster, kill_signal):
+    # SIGSTOP: Ray still has the actor; only its peers' reports in the store
+    # (after 3 missed 1-s heartbeats) tell the executor it is gone.
     steps, kill_step, wait_step = 24, 4, 12
     ex = RayExecutor(min_workers=2, max_workers=3, num_workers=3, cpus_per_worker=1,
-                     elastic_timeout=120, start_timeout=120)
+                     elastic_timeout=120, start_timeout=120,
+                     env_vars={"TFRING_HEARTBEAT_SECONDS": "1"})
     ex.start()
     started = [w["pid"] for w in ex.workers()]
     assert [w["worker"] for w in ex.workers()] == [0, 1, 2]
     try:
         # Worker 0 (rank 0) dies: the oldest survivor, worker 1, becomes rank 0.
         results = ex.run(_train, args=(WORKER_SCRIPT, steps, 0, kill_step, 3, wait_step, 0.2),
-                         timeout=RUN_TIMEOUT)
+                         kwargs={"kill_signal": kill_signal}, timeout=RUN_TIMEOUT)
         events = [text for _, text in ex_events(ex)]
         pids = [w["pid"] for w in ex.workers()]
     finally:
         ex.shutdown()
     assert not live_pids(started + pids, wait=10.0), "actor processes outlived shutdown()"
     assert any("worker 0" in e and "was lost" in e for e in events), events
+    if kill_signal == "SIGSTOP":
+        assert any("worker 0" in e and "gone for its peers" in e for e in events), events
 
     # The replacement (worker 3) joined; ranks follow the workers' age.
     assert [r["rank"] for r in results] == [0, 1, 2]

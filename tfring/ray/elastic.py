@@ -11,6 +11,9 @@ what differs is how workers come and go:
 * An actor that dies (killed, node lost) is lost: the next round leaves it
   out, and the survivors, whose collectives fail, roll back and re-form
   inside ``hvd.elastic.run``.
+* An actor that Ray still has but its peers found gone (its process frozen,
+  its node cut off the network) is reported by them in the round's store
+  scope, as under tfringrun: it is killed and left out the same way.
 * While fewer than ``max_workers`` actors live and the cluster has the
   resources for one more, a new actor is started; it receives the running
   function and joins at the next round (the others take it in at their
@@ -186,6 +189,18 @@ class ElasticJob:
         except Exception:  # noqa: BLE001 - already gone
             pass
 
+    def _cut_off(self, m, reporter):
+        """Kills a member that a peer found gone although Ray still has its
+        actor (a frozen process answers neither its peers nor Ray's calls),
+        so that the next round can form without it. Every report counts, as
+        under tfringrun (tfring.runner.elastic.driver): at worst a healthy
+        worker is replaced; waiting on a silent one would hang the job."""
+        if m is None or reporter is None or not m.live():
+            return
+        self._kill(m)
+        self._lost(m, ConnectionError(f"gone for its peers ({reporter.name()} says so); "
+                                      "its actor was killed"))
+
     def _lost(self, m, error):
         if m.dead:
             return
@@ -267,6 +282,8 @@ class ElasticJob:
                 if m is not None and m.live() and not m.announced:
                     m.announced = True
                     self.rounds.dirty = True
+            for wid, reporter in self.rounds.reported_lost().items():
+                self._cut_off(self.members.get(wid), self.members.get(reporter))
             self._check_starting()
             self._maybe_spawn()
             ready_members = sorted((m for m in members if m.announced and m.live()),
