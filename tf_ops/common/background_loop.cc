@@ -48,6 +48,18 @@ constexpr std::chrono::microseconds kInFlightSpinTime{2000};
 // ranks need their cores for the framework's threads.
 constexpr std::chrono::microseconds kAfterDeviceWork{200};
 
+// The process sets as of now, in a buffer this thread reuses (Reused): a
+// fresh vector per look cost allocations per collective (issue 38).
+class SetsNow {
+ public:
+  SetsNow() { state().process_sets.Snapshot(&*sets_); }
+  std::vector<std::shared_ptr<ProcessSet>>::const_iterator begin() { return sets_->begin(); }
+  std::vector<std::shared_ptr<ProcessSet>>::const_iterator end() { return sets_->end(); }
+
+ private:
+  Reused<std::shared_ptr<ProcessSet>> sets_;
+};
+
 }  // namespace
 
 void WakeBackground() {
@@ -79,7 +91,7 @@ void ApplyTunedParams(const ResponseList& p) {
   st.cycle_time_ms = p.cycle_time_ms;
   st.fusion_threshold_bytes = p.fusion_threshold_bytes;
   st.shm_min_bytes = p.shm_min_bytes;
-  for (const auto& ps : st.process_sets.All()) {
+  for (const auto& ps : SetsNow()) {
     if (!ps->included()) continue;
     ps->controller->set_fusion_threshold(p.fusion_threshold_bytes);
     if (auto* selector = dynamic_cast<DataPlaneSelector*>(ps->data_plane.get())) {
@@ -100,12 +112,21 @@ void ApplyTunedParams(const ResponseList& p) {
 bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* negotiation) {
   GlobalState& st = state();
   st.timeline.MarkCycle();
-  for (const auto& ps : st.process_sets.All()) {
+  const bool global_alone = st.process_sets.Count() == 1;
+  for (const auto& ps : SetsNow()) {
     // A set removed earlier in this round is gone on every rank alike.
     if (!ps->included() || !st.process_sets.Get(ps->id)) continue;
     // Collectives the device has finished since the last look complete first.
     *executed += ps->in_flight.Poll();
-    RequestList mine;
+    // Reused from round to round (their vectors keep their capacity):
+    // RunLoopOnce never runs inside itself on one thread (t_driving).
+    thread_local RequestList mine;
+    thread_local ResponseList responses;
+    mine.requests.clear();
+    mine.shutdown = false;
+    mine.shutdown_reason.clear();
+    mine.shutdown_cause = 0;
+    mine.shutdown_rank = -1;
     ps->queue.PopRequests(&mine.requests);
     if (ps->id == kGlobalProcessSetId && st.shutdown_requested) {
       std::lock_guard<std::mutex> lock(st.reason_mu);
@@ -114,14 +135,13 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       mine.shutdown_cause = static_cast<int32_t>(st.shutdown_cause);
       mine.shutdown_rank = st.shutdown_rank;
     }
-    ResponseList responses;
     // Speculation needs the global set alone: a rank waiting inside a
     // speculative collective must not be needed by another set's round.
     ps->controller->set_speculation_allowed(st.config.speculation &&
                                             ps->id == kGlobalProcessSetId &&
-                                            st.process_sets.All().size() == 1);
+                                            global_alone);
     const auto round_start = Clock::now();
-    Status s = ps->controller->ComputeResponseList(mine, &responses);
+    Status s = ps->controller->ComputeResponseList(std::move(mine), &responses);
     if (ps->id == kGlobalProcessSetId) *negotiation = Clock::now() - round_start;
     if (!s.ok()) {
       *broken = true;
@@ -225,7 +245,7 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
   // Look at tensors old enough for whichever comes first, warning or stop.
   double threshold = c.stall_check_time_s > 0 ? c.stall_check_time_s : c.stall_shutdown_time_s;
   if (can_stop) threshold = std::min(threshold, c.stall_shutdown_time_s);
-  for (const auto& ps : st.process_sets.All()) {
+  for (const auto& ps : SetsNow()) {
     if (!ps->included() || !ps->controller->is_coordinator()) continue;
     for (const auto& stalled : ps->controller->StalledTensors(threshold)) {
       std::string missing;
@@ -252,7 +272,7 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
 
 // True while this rank has collectives submitted and not yet completed.
 bool HasPendingWork() {
-  for (const auto& ps : state().process_sets.All()) {
+  for (const auto& ps : SetsNow()) {
     if (!ps->included()) continue;
     if (ps->queue.size() > 0 || ps->controller->HasPendingHits() || !ps->in_flight.empty())
       return true;
@@ -264,7 +284,7 @@ bool HasPendingWork() {
 // still writing the input of one it submitted (its ready event): either may
 // end any moment, so the loop polls rather than waiting a cycle.
 bool HasInFlight() {
-  for (const auto& ps : state().process_sets.All()) {
+  for (const auto& ps : SetsNow()) {
     if (ps->included() && (!ps->in_flight.empty() || ps->queue.HasUnannounced())) return true;
   }
   return false;
@@ -272,7 +292,7 @@ bool HasInFlight() {
 
 // True while a device is still running collectives this rank started.
 bool HasDeviceWork() {
-  for (const auto& ps : state().process_sets.All()) {
+  for (const auto& ps : SetsNow()) {
     if (ps->included() && !ps->in_flight.empty()) return true;
   }
   return false;
@@ -296,16 +316,16 @@ bool DriveInline(ProcessSet& ps) {
   if (!drive.owns_lock()) return false;
   if (!st.drive_open || st.inline_stop || st.shutdown_requested || !ps.controller->speculating() ||
       !st.ran_in_step || Clock::now() - st.last_ran > kInlineGap ||
-      st.process_sets.All().size() != 1) {
+      st.process_sets.Count() != 1) {
     return false;
   }
-  std::vector<Deferred> done;
+  Reused<Deferred> done;
   Status why;
   bool broken = false;
   int executed = 0;
   bool ok;
   {
-    DeferCompletions defer(&done);
+    DeferCompletions defer(&*done);
     t_driving = true;
     Clock::duration negotiation{};
     ok = RunLoopOnce(&why, &broken, &executed, &negotiation);
@@ -323,7 +343,7 @@ bool DriveInline(ProcessSet& ps) {
   // After a fallback the background thread negotiates what was held.
   const bool still = ps.controller->speculating();
   drive.unlock();
-  RunDeferred(&done);
+  RunDeferred(&*done);
   return ok && executed > 0 && still;
 }
 
@@ -372,11 +392,11 @@ void BackgroundLoop() {
     int executed = 0;
     bool pending = false, pending_after = false, go_on = true;
     Clock::duration negotiation{};
-    std::vector<Deferred> done;
+    Reused<Deferred> done;
     {
       // The controllers are read and driven under drive_mu only.
       std::lock_guard<std::mutex> drive(st.drive_mu);
-      DeferCompletions defer(&done);
+      DeferCompletions defer(&*done);
       go_on = !st.inline_stop;
       if (!go_on) {
         why = st.inline_why;
@@ -395,7 +415,7 @@ void BackgroundLoop() {
         st.drive_open = false;
       }
     }
-    RunDeferred(&done);
+    RunDeferred(&*done);
     if (!go_on) break;
     in_step = pending && negotiation < kInStepRound;
     const Clock::duration cycle = cycle_now();

@@ -52,6 +52,11 @@ std::vector<Request> Controller::StageGroups(const std::vector<Request>& request
   return out;
 }
 
+Status Controller::ComputeResponseList(RequestList&& mine, ResponseList* out) {
+  if (cache_.enabled() && speculation_.active()) return SpeculativeCycle(&mine, out);
+  return ComputeResponseList(static_cast<const RequestList&>(mine), out);
+}
+
 Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* out) {
   if (!cache_.enabled()) {
     for (const Request& r : mine.requests) negotiating_[r.name] = r;
@@ -60,7 +65,10 @@ Status Controller::ComputeResponseList(const RequestList& mine, ResponseList* ou
       for (const auto& name : r.tensor_names) negotiating_.erase(name);
     return Status::OK();
   }
-  if (speculation_.active()) return SpeculativeCycle(mine, out);
+  if (speculation_.active()) {
+    RequestList copy = mine;
+    return SpeculativeCycle(&copy, out);
+  }
   const auto now = std::chrono::steady_clock::now();
   RequestList full;
   full.shutdown = mine.shutdown;
@@ -214,8 +222,8 @@ void Controller::FeedDetector(const ResponseList& agreed, bool clean) {
   speculation_.Hold(std::move(hits));
 }
 
-Status Controller::SpeculativeCycle(const RequestList& mine, ResponseList* out) {
-  speculation_.Cycle(mine.requests, mine.shutdown || params_to_send_.has_params, cache_, out);
+Status Controller::SpeculativeCycle(RequestList* mine, ResponseList* out) {
+  speculation_.Cycle(&mine->requests, mine->shutdown || params_to_send_.has_params, cache_, out);
   return Status::OK();
 }
 

@@ -43,6 +43,9 @@ class Controller {
   // on by one bitwise-AND allreduce; only the rest (and shutdown, join,
   // process-set changes) go through the coordinator.
   Status ComputeResponseList(const RequestList& mine, ResponseList* out);
+  // The same, taking `mine`'s requests (left empty or moved from): while
+  // speculating they are held as they are, with no copy per collective.
+  Status ComputeResponseList(RequestList&& mine, ResponseList* out);
   // True while this rank holds cache hits that other ranks have not matched.
   bool HasPendingHits() const {
     return !pending_hits_.empty() || !deferred_.empty() || speculation_.holds_requests();
@@ -96,7 +99,7 @@ class Controller {
   void UpdateCache(const ResponseList& negotiated);
   // Speculation (speculation.h): its cycle, this rank's veto, and the
   // detector fed with every round's agreed list.
-  Status SpeculativeCycle(const RequestList& mine, ResponseList* out);
+  Status SpeculativeCycle(RequestList* mine, ResponseList* out);
   bool LocallyReadyToSpeculate() const;
   // `clean`: every rank agreed that the round needed no coordinator and may
   // count towards speculation.

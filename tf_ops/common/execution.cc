@@ -33,19 +33,21 @@ void Complete(TensorTableEntry& e, const Status& s, int32_t result) {
   e.callback(s, result);
 }
 
-void Phase(const std::vector<std::string>& names, const std::string& what, Clock::time_point start) {
+void Phase(const std::vector<std::string>& names, const char* what, Clock::time_point start,
+           const char* collective) {
   Timeline& t = state().timeline;
   if (!t.enabled()) return;
-  for (const auto& name : names) t.Activity(name, what, start);
+  const std::string phase = collective ? std::string(what) + "_" + collective : std::string(what);
+  for (const auto& name : names) t.Activity(name, phase, start);
 }
 
-namespace {
-
-std::string PlanePhase(const DataPlane& plane, CollectiveType type) {
-  return std::string(plane.last_used()) + "_" + CollectiveName(type);
+PhaseFn PhasesOf(const Response& r) {
+  if (!state().timeline.enabled()) return PhaseFn();
+  // One reference: held inside std::function itself, no allocation.
+  return [&r](const std::string& what, Clock::time_point start) {
+    Phase(r.tensor_names, what.c_str(), start);
+  };
 }
-
-}  // namespace
 
 void CompleteQueued(ProcessSet& ps, const std::vector<std::string>& names, const Status& s) {
   for (const auto& name : names) {
@@ -167,11 +169,8 @@ void PerformAllreduce(ProcessSet& ps, const Response& r) {
   Status inputs;
   if (run.status.ok()) {
     inputs = AwaitInputs(*executor, mine);
-    auto phase = [&r](const std::string& what, Clock::time_point start) {
-      Phase(r.tensor_names, what, start);
-    };
     run = RunAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
-                       r.postscale_factor, ps.size(), phase);
+                       r.postscale_factor, ps.size(), PhasesOf(r));
   }
   CompleteWhenDone(ps, std::move(mine), std::move(run), inputs);
 }
@@ -224,7 +223,7 @@ void PerformAllgather(ProcessSet& ps, const Response& r) {
   // ranks are in it already. This rank's result is then discarded.
   Status p = plane->Allgather(io.in, io.out, recv_bytes);
   io.queued |= p.in_progress();
-  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLGATHER), start);
+  Phase(r.tensor_names, plane->last_used(), start, CollectiveName(CollectiveType::ALLGATHER));
   if (!Failed(s)) s = p;
   if (!Failed(s)) s = io.StageOut(*executor, out, total);
   std::vector<TensorTableEntry> entries;
@@ -257,7 +256,7 @@ void PerformBroadcast(ProcessSet& ps, const Response& r) {
   Status p = fused ? plane->BroadcastOutOfPlace(e.input, e.output, bytes, r.root_rank)
                    : plane->Broadcast(buf, bytes, r.root_rank);
   queued |= p.in_progress();
-  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::BROADCAST), start);
+  Phase(r.tensor_names, plane->last_used(), start, CollectiveName(CollectiveType::BROADCAST));
   if (!Failed(s)) s = p;
   if (staged && !Failed(s)) {
     s = executor->Copy(e.output, buf, bytes);
@@ -299,7 +298,7 @@ void PerformAlltoall(ProcessSet& ps, const Response& r) {
   const auto start = Clock::now();
   Status p = plane->Alltoall(io.in, send, io.out, recv);
   io.queued |= p.in_progress();
-  Phase(r.tensor_names, PlanePhase(*plane, CollectiveType::ALLTOALL), start);
+  Phase(r.tensor_names, plane->last_used(), start, CollectiveName(CollectiveType::ALLTOALL));
   if (!Failed(s)) s = p;
   if (!Failed(s)) s = io.StageOut(*executor, out, recv_total);
   // The splits are known now; the output's bytes only once the device is done.
@@ -330,11 +329,8 @@ void PerformReducescatter(ProcessSet& ps, const Response& r) {
   std::shared_ptr<void> scratch;
   Status alloc;
   void* out = AllocateOrScratch(*executor, e, out_shape, &scratch, &alloc);
-  auto phase = [&r](const std::string& what, Clock::time_point start) {
-    Phase(r.tensor_names, what, start);
-  };
   RunResult run = RunReducescatter(*executor, *plane, e.input, out, counts, ps.rank, e.dtype,
-                                   r.reduce_op, r.prescale_factor, r.postscale_factor, phase);
+                                   r.reduce_op, r.prescale_factor, r.postscale_factor, PhasesOf(r));
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
   CompleteWhenDone(ps, std::move(entries), std::move(run), FirstFailure(input, alloc), scratch);

@@ -52,8 +52,44 @@ void RunDeferred(std::vector<Deferred>* list);
 void Complete(TensorTableEntry& e, const Status& s, int32_t result = -1);
 
 // Records one phase of running `names` on the timeline, e.g. "MPI_ALLREDUCE"
-// (the plane that ran it, then the collective).
-void Phase(const std::vector<std::string>& names, const std::string& what, Clock::time_point start);
+// (the plane that ran it, then the collective: `what` then `collective`
+// joined by "_" when `collective` is given). Nothing is built while the
+// timeline is off.
+void Phase(const std::vector<std::string>& names, const char* what, Clock::time_point start,
+           const char* collective = nullptr);
+// The executor's phase recorder for `r` (PhaseFn), or an empty one while the
+// timeline is off. `r` must outlive it.
+PhaseFn PhasesOf(const Response& r);
+
+// A vector this thread reuses, one per nesting level (up to 4; deeper ones
+// are their own): a per-cycle vector's buffer was an allocation per
+// collective. Emptied when it goes out of scope, so it keeps nothing alive.
+template <typename T>
+class Reused {
+ public:
+  Reused() : v_(Depth() < kDepth ? &Buffers()[Depth()] : &own_) { ++Depth(); }
+  ~Reused() {
+    v_->clear();
+    --Depth();
+  }
+  Reused(const Reused&) = delete;
+  Reused& operator=(const Reused&) = delete;
+  std::vector<T>& operator*() { return *v_; }
+  std::vector<T>* operator->() { return v_; }
+
+ private:
+  static constexpr int kDepth = 4;
+  static std::vector<T>* Buffers() {
+    thread_local std::vector<T> buffers[kDepth];
+    return buffers;
+  }
+  static int& Depth() {
+    thread_local int depth = 0;
+    return depth;
+  }
+  std::vector<T> own_;
+  std::vector<T>* v_;
+};
 
 // Completes those of `names` this rank has queued with `s`.
 void CompleteQueued(ProcessSet& ps, const std::vector<std::string>& names, const Status& s);

@@ -308,7 +308,10 @@ RunResult RunAllreduce(Executor& executor, DataPlane& plane, const std::vector<R
     auto start = Clock::now();
     Status s = plane.AllreduceGroup(slots, dtype, plane_op);
     queued |= s.in_progress();
-    phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE), start);
+    if (phase) {
+      phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE),
+            start);
+    }
     // Each output is finished where it lies: for Sum, and for Average at
     // np=1, that queues nothing.
     for (const ReduceSlot& slot : slots) {
@@ -322,7 +325,7 @@ RunResult RunAllreduce(Executor& executor, DataPlane& plane, const std::vector<R
   auto start = Clock::now();
   Status s = executor.PackAllreduce(slots, dtype, prescale, &packed);
   queued |= s.in_progress();
-  if (packed.fused) phase("MEMCPY_IN_FUSION_BUFFER", start);
+  if (packed.fused && phase) phase("MEMCPY_IN_FUSION_BUFFER", start);
   if (Failed(s)) return Settle(executor, s, queued);
   start = Clock::now();
   const void* input = packed.input ? packed.input : packed.buffer;
@@ -341,12 +344,14 @@ RunResult RunAllreduce(Executor& executor, DataPlane& plane, const std::vector<R
     s = plane.Allreduce(input, packed.buffer, packed.count, dtype, plane_op);
   }
   queued |= s.in_progress();
-  phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE), start);
+  if (phase) {
+    phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE), start);
+  }
   if (Failed(s)) return Settle(executor, s, queued);
   start = Clock::now();
   s = executor.UnpackAllreduce(packed, slots, dtype, op, postscale, ranks);
   queued |= s.in_progress();
-  if (packed.fused) phase("MEMCPY_OUT_FUSION_BUFFER", start);
+  if (packed.fused && phase) phase("MEMCPY_OUT_FUSION_BUFFER", start);
   return Settle(executor, s, queued);
 }
 
@@ -368,7 +373,10 @@ RunResult RunReducescatter(Executor& executor, DataPlane& plane, const void* inp
   const auto start = Clock::now();
   Status rs = plane.Reducescatter(send, recv, recv_counts, dtype, plane_op);
   queued |= rs.in_progress();
-  phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::REDUCESCATTER), start);
+  if (phase) {
+    phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::REDUCESCATTER),
+          start);
+  }
   if (Failed(s)) return Settle(executor, s, queued);
   if (Failed(rs)) return Settle(executor, rs, queued);
   s = executor.UnpackReducescatter(recv, output, recv_counts[rank], dtype, op, postscale,

@@ -182,6 +182,9 @@ class ExecutorTable {
 
 // Records on the timeline that `phase` of the running collective began at
 // `start` and has just ended (for an asynchronous device: has been queued).
+// Empty while the timeline is off: the phase's name is then never built (a
+// name longer than std::string's inline buffer was an allocation per
+// collective).
 using PhaseFn =
     std::function<void(const std::string& phase, std::chrono::steady_clock::time_point start)>;
 

@@ -29,6 +29,17 @@ std::vector<std::shared_ptr<ProcessSet>> ProcessSetTable::All() const {
   return out;
 }
 
+void ProcessSetTable::Snapshot(std::vector<std::shared_ptr<ProcessSet>>* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->clear();
+  for (const auto& kv : sets_) out->push_back(kv.second);
+}
+
+size_t ProcessSetTable::Count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sets_.size();
+}
+
 void ProcessSetTable::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   sets_.clear();

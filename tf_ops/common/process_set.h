@@ -39,6 +39,10 @@ class ProcessSetTable {
   void Add(std::shared_ptr<ProcessSet> set);
   std::shared_ptr<ProcessSet> Remove(int32_t id);
   std::vector<std::shared_ptr<ProcessSet>> All() const;  // by ascending id
+  // All() into `out` (cleared first; its capacity is kept, so a caller that
+  // reuses one buffer allocates nothing per collective).
+  void Snapshot(std::vector<std::shared_ptr<ProcessSet>>* out) const;
+  size_t Count() const;
   void Clear();
 
  private:

@@ -110,12 +110,18 @@ void Speculation::Enter(size_t position) {
   waiting_since_ = std::chrono::steady_clock::now();
 }
 
-void Speculation::Cycle(const std::vector<Request>& mine, bool leave, const ResponseCache& cache,
+void Speculation::Cycle(std::vector<Request>* mine, bool leave, const ResponseCache& cache,
                         ResponseList* out) {
   const auto now = std::chrono::steady_clock::now();
-  std::vector<Request> incoming;
-  incoming.swap(replay_);
-  incoming.insert(incoming.end(), mine.begin(), mine.end());
+  // incoming_ and out's list keep their capacity from cycle to cycle (the
+  // loop reuses its ResponseList): fresh vectors were allocations per
+  // collective.
+  std::vector<Request>& incoming = incoming_;
+  incoming.clear();
+  for (Request& r : replay_) incoming.push_back(std::move(r));
+  replay_.clear();
+  for (Request& r : *mine) incoming.push_back(std::move(r));
+  mine->clear();
   bool diverged = leave || !allowed_;
   for (Request& req : incoming) {
     auto in_schedule = schedule_index_.find(req.name);
@@ -125,16 +131,56 @@ void Speculation::Cycle(const std::vector<Request>& mine, bool leave, const Resp
     if (in_schedule == schedule_index_.end() || bit < 0 || !cache.Matches(bit, req)) {
       diverged = true;
     }
-    held_[req.name] = std::move(req);
+    auto at = held_.find(req.name);
+    if (at != held_.end()) {
+      at->second = std::move(req);
+    } else if (!spare_held_.empty()) {
+      // A node of an earlier request: its key and request are assigned, so
+      // their storage is reused (a new node was an allocation per collective).
+      auto node = std::move(spare_held_.back());
+      spare_held_.pop_back();
+      node.key() = req.name;
+      node.mapped() = std::move(req);
+      held_.insert(std::move(node));
+    } else {
+      held_.emplace(req.name, std::move(req));
+    }
   }
-  ResponseList result;
+  incoming.clear();
+  // The list's responses are assigned over those of the last cycle (their
+  // vectors and strings keep their storage); only the count is new.
+  std::vector<Response> reuse;
+  reuse.swap(out->responses);
+  *out = ResponseList();
+  out->responses.swap(reuse);
+  size_t used = 0;
+  auto emit = [&](const Response& r) -> Response& {
+    if (used < out->responses.size()) {
+      out->responses[used] = r;
+    } else if (!spare_responses_.empty()) {
+      out->responses.push_back(std::move(spare_responses_.back()));
+      spare_responses_.pop_back();
+      out->responses.back() = r;
+    } else {
+      out->responses.push_back(r);
+    }
+    return out->responses[used++];
+  };
   auto take = [&](const Response& r) {
     std::vector<Request> reqs;
+    if (!spare_running_.empty()) {
+      reqs = std::move(spare_running_.back());
+      spare_running_.pop_back();
+    }
     for (const auto& name : r.tensor_names) {
       auto it = held_.find(name);
       if (it == held_.end()) continue;
       reqs.push_back(std::move(it->second));
-      held_.erase(it);
+      if (spare_held_.size() < kSpares) {
+        spare_held_.push_back(held_.extract(it));
+      } else {
+        held_.erase(it);
+      }
     }
     running_.push_back(std::move(reqs));
   };
@@ -145,34 +191,47 @@ void Speculation::Cycle(const std::vector<Request>& mine, bool leave, const Resp
       for (const auto& name : next.tensor_names) ready = ready && held_.count(name) > 0;
       if (!ready) break;
       take(next);
-      result.responses.push_back(next);
-      result.responses.back().speculative = true;
+      emit(next).speculative = true;
       position_ = (position_ + 1) % schedule_.size();
       waiting_since_ = now;
       // At most one pass over the schedule per cycle.
-      if (result.responses.size() == schedule_.size()) break;
+      if (used == schedule_.size()) break;
     }
     // Nothing for this long: leave, so that a rank that will never send the
     // schedule's next tensors (a different code path, a long pause) does
     // not hold the others in the data plane, and the stall inspector gets
     // to see what is missing.
-    if (result.responses.empty() && now - waiting_since_ > patience_) diverged = true;
+    if (used == 0 && now - waiting_since_ > patience_) diverged = true;
   }
-  if (diverged && result.responses.empty()) {
+  if (diverged && used == 0) {
     running_.push_back({});
-    result.responses.push_back(schedule_[position_]);
-    result.responses.back().speculative = true;
-    result.responses.back().diverged = true;
+    Response& flagged = emit(schedule_[position_]);
+    flagged.speculative = true;
+    flagged.diverged = true;
+  }
+  // Responses not handed out this cycle keep their storage for later ones.
+  while (out->responses.size() > used) {
+    if (spare_responses_.size() < kSpares) spare_responses_.push_back(std::move(out->responses.back()));
+    out->responses.pop_back();
   }
   // A divergence found after some responses were handed out waits for the
   // next cycle: those responses run first, with every rank.
-  *out = std::move(result);
+}
+
+void Speculation::RecycleFront() {
+  std::vector<Request>& front = running_.front();
+  front.clear();
+  // A few spares suffice: one per response a cycle hands out at a time.
+  if (front.capacity() > 0 && spare_running_.size() < kSpares) {
+    spare_running_.push_back(std::move(front));
+  }
+  running_.pop_front();
 }
 
 void Speculation::Result(SpeculationOutcome outcome) {
   if (!active_ || running_.empty()) return;
   if (outcome == SpeculationOutcome::AGREED) {
-    running_.pop_front();
+    RecycleFront();
     ++stats_.responses;
     // A whole pass ran without a fallback: the job is steady again. (Counted
     // on agreed responses: how far ahead position_ runs is this rank's own.)
@@ -180,7 +239,7 @@ void Speculation::Result(SpeculationOutcome outcome) {
     return;
   }
   if (outcome == SpeculationOutcome::FAILED) {
-    running_.pop_front();  // its tensors are done, with the plane's error
+    RecycleFront();  // its tensors are done, with the plane's error
     ++stats_.failures;
     TFRING_LOG(DEBUG) << "speculation: the data plane failed; negotiating again";
   } else {
@@ -242,7 +301,9 @@ Status RunSpeculativeAllreduce(Executor& executor, DataPlane& plane,
               esize);
   auto start = std::chrono::steady_clock::now();
   s = plane.Allreduce(buf, buf, count + 1, dtype, ReduceOp::SUM);
-  phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE), start);
+  if (phase) {
+    phase(std::string(plane.last_used()) + "_" + CollectiveName(CollectiveType::ALLREDUCE), start);
+  }
   if (s.in_progress()) return Status::Unknown("tfring: a speculative allreduce was queued");
   if (!s.ok()) return s;
   double flag = 0;

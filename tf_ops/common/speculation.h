@@ -104,11 +104,12 @@ class Speculation {
   bool Observe(const ResponseList& agreed, bool clean);
   void Hold(std::vector<Request> requests);
 
-  // A speculative cycle: `mine` are this rank's new requests; `leave` says
-  // this rank must leave the schedule (shutdown, tuned values to send).
+  // A speculative cycle: `mine` are this rank's new requests (taken: left
+  // empty); `leave` says this rank must leave the schedule (shutdown, tuned
+  // values to send).
   // `cache` holds each tensor's request as it was negotiated (it does not
   // change while speculating). Writes the responses to run into `out`.
-  void Cycle(const std::vector<Request>& mine, bool leave, const ResponseCache& cache,
+  void Cycle(std::vector<Request>* mine, bool leave, const ResponseCache& cache,
              ResponseList* out);
   // Called once per speculative response run, in order. The responses after
   // one that did not agree, in the same list, must not run. FLAGGED sends
@@ -150,6 +151,16 @@ class Speculation {
   std::deque<std::vector<Request>> running_;
   // Requests to negotiate after a fallback (before the round's new ones).
   std::vector<Request> replay_;
+  std::vector<Request> incoming_;  // Cycle's scratch, kept for its capacity
+  // Storage of finished requests and responses, reused by the next ones
+  // (Cycle): held_'s nodes, running_'s vectors, the responses of a cycle
+  // that handed out fewer than the last. At most kSpares of each.
+  static constexpr size_t kSpares = 256;
+  std::vector<std::unordered_map<std::string, Request>::node_type> spare_held_;
+  std::vector<std::vector<Request>> spare_running_;
+  std::vector<Response> spare_responses_;
+  // Pops running_'s front, keeping its vector in spare_running_.
+  void RecycleFront();
   std::chrono::steady_clock::time_point waiting_since_;
   SpeculationStats stats_;
 };

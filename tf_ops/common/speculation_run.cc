@@ -13,7 +13,9 @@ namespace {
 // (Speculation::FlagRidesAlong); PerformSpeculative's contract.
 SpeculationOutcome PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
   const size_t n = r.tensor_names.size();
-  std::vector<ReduceSlot> slots(n);
+  Reused<ReduceSlot> reused;
+  std::vector<ReduceSlot>& slots = *reused;
+  slots.resize(n);
   for (size_t i = 0; i < n; ++i) {
     slots[i].count = r.tensor_sizes[i];
     // A rank that diverged may lack some of them: it sends zeros anyway.
@@ -24,11 +26,8 @@ SpeculationOutcome PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r
   bool agreed = false;
   Status s = Route(ps, CollectiveType::ALLREDUCE, kCpuDevice, TotalBytes(r), &plane, &executor);
   if (s.ok()) {
-    auto phase = [&r](const std::string& what, Clock::time_point start) {
-      Phase(r.tensor_names, what, start);
-    };
     s = RunSpeculativeAllreduce(*executor, *plane, slots, r.dtype, r.reduce_op, r.prescale_factor,
-                                r.postscale_factor, ps.size(), r.diverged, &agreed, phase);
+                                r.postscale_factor, ps.size(), r.diverged, &agreed, PhasesOf(r));
   }
   if (s.ok() && !agreed) return SpeculationOutcome::FLAGGED;
   // Agreed, or the plane failed: then, as on the normal path, the tensors

@@ -20,8 +20,16 @@ Status TensorQueue::Add(TensorTableEntry entry, int32_t rank) {
   } else {
     new_requests_.push_back(entry.ToRequest(rank));
   }
-  std::string name = entry.name;
-  table_.emplace(std::move(name), std::move(entry));
+  if (!spare_nodes_.empty()) {
+    auto node = std::move(spare_nodes_.back());
+    spare_nodes_.pop_back();
+    node.key() = entry.name;
+    node.mapped() = std::move(entry);
+    table_.insert(std::move(node));
+  } else {
+    std::string name = entry.name;
+    table_.emplace(std::move(name), std::move(entry));
+  }
   return Status::OK();
 }
 
@@ -50,7 +58,8 @@ void TensorQueue::PopRequests(std::vector<Request>* out) {
   std::vector<std::pair<TensorTableEntry, Status>> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<Request> waiting;
+    std::vector<Request>& waiting = waiting_;
+    waiting.clear();
     for (Request& req : new_requests_) {
       auto it = table_.find(req.name);
       // An event the device can wait for is waited for where the collective
@@ -69,6 +78,7 @@ void TensorQueue::PopRequests(std::vector<Request>* out) {
       }
     }
     new_requests_.swap(waiting);
+    waiting.clear();
   }
   // Callbacks run outside the lock: they may re-enter the queue.
   for (auto& f : failed) f.first.callback(f.second, -1);
@@ -79,7 +89,19 @@ bool TensorQueue::Take(const std::string& name, TensorTableEntry* entry) {
   auto it = table_.find(name);
   if (it == table_.end()) return false;
   *entry = std::move(it->second);
-  table_.erase(it);
+  if (spare_nodes_.size() >= kSpareNodes) {
+    table_.erase(it);
+    return true;
+  }
+  auto node = table_.extract(it);
+  // Moved from, but nothing it held may stay alive here: a callback's
+  // captures (a Python request), the ready event.
+  TensorTableEntry& spare = node.mapped();
+  spare.callback = nullptr;
+  spare.allocate_output = nullptr;
+  spare.set_received_splits = nullptr;
+  spare.ready_event.reset();
+  spare_nodes_.push_back(std::move(node));
   return true;
 }
 

@@ -87,6 +87,15 @@ class TensorQueue {
   mutable std::mutex mu_;
   std::unordered_map<std::string, TensorTableEntry> table_;
   std::vector<Request> new_requests_;
+  // PopRequests' scratch for requests still waiting on their ready event:
+  // swapped with new_requests_, so both keep their capacity from cycle to
+  // cycle (a fresh vector per cycle was an allocation per collective).
+  std::vector<Request> waiting_;
+  // Nodes of table_ whose entries were taken, reused by the next Add (a new
+  // node was an allocation per collective); emptied of everything an entry
+  // keeps alive. At most kSpareNodes.
+  static constexpr size_t kSpareNodes = 256;
+  std::vector<std::unordered_map<std::string, TensorTableEntry>::node_type> spare_nodes_;
   std::unordered_set<std::string> abandoned_;
   std::vector<Request> held_;  // submitted again while abandoned_
 };
