@@ -42,7 +42,11 @@ def soak(np_, controller="mpi"):
     return _runs[np_, controller]
 
 
-@pytest.mark.parametrize("np_", [2, 3], ids=["np2", "np3"])
+# Each controller once, at one size each: the collectives' results do not
+# depend on the controller, and MPICH's busy-polling ranks at np=3 on 2
+# cores took 30 s of the suite's time for nothing the TCP run misses.
+@pytest.mark.parametrize("np_, controller", [(2, "mpi"), (3, "tcp")],
+                         ids=["mpi-np2", "tcp-np3"])
 def test_soak_random_collectives(np_, controller):
     result = soak(np_, controller)
     out = result.stdout

@@ -5,7 +5,8 @@ training is left out and the job goes on; once it is back, the next round
 takes it in again.
 
 Needs root and `ip netns`; skipped (with the reason) where the machine does
-not allow it.
+not allow it. At 2 hosts only: the chaos run (tests/chaos) cuts hosts of a
+job of 3 and 4 and lists them again, every run, with the same checks.
 """
 import json
 import os
@@ -46,7 +47,7 @@ def _job(tmp_path, hosts, names, **env):
                       extra=["--network-interfaces", hosts.interfaces()], timeout=300)
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [2])
 def test_cut_host_still_listed_is_left_out_and_the_job_goes_on(tmp_path, np_):
     # The discovery script still lists the host (it has not noticed): the
     # driver learns from the survivors that its worker is gone, although
@@ -71,7 +72,7 @@ def test_cut_host_still_listed_is_left_out_and_the_job_goes_on(tmp_path, np_):
     assert sizes[0] == np_ and sizes[15] == np_ - 1, sizes
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [2])
 def test_cut_host_is_left_out_and_taken_in_again_once_back(tmp_path, np_):
     names = [f"h{i}" for i in range(np_)]
     victim, wait_step = names[-1], 30

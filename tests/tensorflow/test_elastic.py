@@ -262,7 +262,9 @@ def test_worker_dying_while_a_round_starts_does_not_hold_the_next_round(tmp_path
         _check_reference(weights, [1] * 12)
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+# At np=2 only: the chaos run (tests/chaos) freezes workers of jobs of 3
+# and 4 on hosts of their own, every run.
+@pytest.mark.parametrize("np_", [2])
 def test_silent_worker_reported_by_its_peers_is_left_out(tmp_path, np_):
     # A frozen worker (SIGSTOP) is what a host cut off the network looks like
     # from its peers: no heartbeat, no closed connection, and to the driver a
