@@ -298,12 +298,12 @@ class ChaosRun:
         fresh = [f for f in feasible if f not in used]
         return self.rng.choice(fresh or feasible)
 
-    def _relist(self, host):
-        """Drops `host` from the discovery script and lists it again, as a
-        replaced or repaired machine shows up: the driver refills it."""
-        self._set_listed([n for n in self.listed if n != host])
+    def _relist(self, hosts):
+        """Drops `hosts` from the discovery script and lists them again, as
+        replaced or repaired machines show up: the driver refills them."""
+        self._set_listed([n for n in self.listed if n not in hosts])
         time.sleep(2.5)     # the driver runs the script every second
-        self._set_listed(self.listed + [host])
+        self._set_listed(self.listed + list(hosts))
 
     def _round(self, fault):
         p = self._progress()
@@ -334,8 +334,12 @@ class ChaosRun:
                 os.kill(pid, signal.SIGSTOP)
             else:
                 self.hosts.cut(host)
-            # The job goes on without it first (at one rank fewer).
-            self._wait_degraded(step_before, len(self.listed) - 1, started)
+            # The job goes on without it first, at fewer ranks: one fewer,
+            # or more when a survivor named a healthy peer too (the driver
+            # then stops that one as well: docs/elastic.md).
+            size_before = self._progress().size.get(step_before, len(self.listed))
+            record["degraded_to"] = self._wait_degraded(step_before, size_before, started,
+                                                        line_before)
             record["degraded_s"] = round(time.monotonic() - started, 1)
             if fault == "stop":
                 try:
@@ -344,7 +348,12 @@ class ChaosRun:
                     pass
             if fault == "cut":
                 self.hosts.restore(host)
-            self._relist(host)
+            # Every listed host that lost its worker is replaced, as a
+            # scheduler's discovery script would do.
+            others = [h for h in self.listed if h != host and self._worker_on(h) is None]
+            if others:
+                record["also_relisted"] = others
+            self._relist([host] + others)
         record["host"] = host
         record["whole_s"] = round(self._wait_whole(step_before, started), 1)
         said = self._named(line_before, named)
@@ -357,15 +366,25 @@ class ChaosRun:
         self.rounds.append(record)
         self.log(json.dumps(record))
 
-    def _wait_degraded(self, since_step, want, started):
+    def _wait_degraded(self, since_step, size_before, started, since_line):
+        """Waits until the job trains on at fewer than `size_before` ranks
+        (and at least MIN_NP) after `since_step`, and returns that size; or
+        until the driver says it waits for slots below --min-np (a survivor
+        named a healthy peer as well), and returns 0."""
         while True:
             if self.job.proc.poll() is not None:
                 self._fail(f"the launcher exited with {self.job.proc.returncode} after the fault")
             p = self._progress()
-            if any(s > since_step and p.size[s] == want for s in p.size):
-                return
+            smaller = [p.size[s] for s in p.size if s > since_step and p.size[s] < size_before]
+            if self._named(since_line, [("waiting for", "slot")]):
+                return 0
+            if smaller:
+                if smaller[0] < MIN_NP:
+                    self._fail(f"the job went on at {smaller[0]} ranks, below --min-np {MIN_NP}")
+                return smaller[0]
             if time.monotonic() - started > self.bound:
-                self._fail(f"the job did not go on at {want} ranks within {self.bound:g} s")
+                self._fail(f"the job did not go on at fewer than {size_before} ranks within "
+                           f"{self.bound:g} s")
             time.sleep(0.2)
 
     # -- the run ---------------------------------------------------------
