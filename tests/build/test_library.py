@@ -184,10 +184,12 @@ def test_installed_tf_version_matches_tensorflow():
     assert cache.installed_tf_version() == tf.__version__
 
 
-def test_loader_takes_the_cache_when_the_install_is_for_another_tf(tmp_path, monkeypatch):
-    """A packaged library built for another TF is not loaded: the cache entry
-    for the running TF is (found here without compiling: the entry is seeded
-    with a real library file)."""
+@pytest.mark.parametrize("record", ["another TF", "other sources"])
+def test_loader_takes_the_cache_when_the_install_is_not_current(tmp_path, monkeypatch, record):
+    """A packaged library built for another TF, or from other C++ sources
+    than the package has now (an editable install after a C++ change), is
+    not loaded: the cache entry for the running TF and sources is (found
+    here without compiling: the entry is seeded with a real library file)."""
     import tensorflow as tf
     from tfring.common import loader
     monkeypatch.delenv("TFRING_LIBRARY", raising=False)
@@ -196,11 +198,14 @@ def test_loader_takes_the_cache_when_the_install_is_for_another_tf(tmp_path, mon
     packaged = cache.packaged_library()
     if packaged is None:
         pytest.skip("no library installed next to the package")
-    entry = cache.cache_entry(tf.__version__, library.source_root(),
-                                library.build_variant(tf))
-    monkeypatch.setattr(cache, "packaged_tf_version", lambda: tf.__version__)
+    root = library.source_root()
+    entry = cache.cache_entry(tf.__version__, root, library.build_variant(tf))
+    current = {"TF_VERSION": tf.__version__, "SOURCE_DIGEST": library.source_digest(root)}
+    monkeypatch.setattr(cache, "_packaged_build_info", lambda: current)
     assert loader.library_path() == packaged
-    monkeypatch.setattr(cache, "packaged_tf_version", lambda: "1.0.0")
+    stale = dict(current, **({"TF_VERSION": "1.0.0"} if record == "another TF"
+                             else {"SOURCE_DIGEST": "0" * 64}))
+    monkeypatch.setattr(cache, "_packaged_build_info", lambda: stale)
     os.makedirs(entry)
     shutil.copy(packaged, os.path.join(entry, library.LIBRARY_NAME))
     assert loader.library_path() == os.path.join(entry, library.LIBRARY_NAME)

@@ -188,15 +188,41 @@ def packaged_library():
     return None
 
 
+def _packaged_build_info():
+    """tfring/_build_info.py's values ({} when there is none, e.g. a library
+    built by Bazel)."""
+    spec = importlib.util.find_spec("tfring._build_info")
+    if spec is None:
+        return {}
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {k: v for k, v in vars(module).items() if k.isupper()}
+
+
 def packaged_tf_version():
     """The TF version the packaged library was built for (tfring/_build_info.py),
     or None when there is no record (e.g. a library built by Bazel)."""
-    spec = importlib.util.find_spec("tfring._build_info")
-    if spec is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, "TF_VERSION", None)
+    return _packaged_build_info().get("TF_VERSION")
+
+
+def packaged_library_is_current(tf_version):
+    """True when the packaged library may be loaded under TensorFlow
+    `tf_version`: it was built for that TF (or has no record, as a Bazel build),
+    and from the C++ sources the package has now. An editable install
+    (``pip install -e``) builds it once, in the source tree; after a C++ change
+    it would be stale, so the build cache compiles the current sources
+    instead (a stale library runs yesterday's core without a word)."""
+    info = _packaged_build_info()
+    if info.get("TF_VERSION") not in (None, tf_version):
+        return False
+    digest = info.get("SOURCE_DIGEST")
+    if digest is None:
+        return True
+    try:
+        root = library.source_root()
+    except BuildError:
+        return True     # an install without its sources cannot have changed
+    return library.source_digest(root) == digest
 
 
 # Distributions that install the `tensorflow` package itself (normalised names).
@@ -234,7 +260,8 @@ def library_ready_fast():
     version = installed_tf_version()
     if version is None:
         return False
-    if packaged_library() and packaged_tf_version() == version:
+    if packaged_library() and packaged_tf_version() == version and \
+            packaged_library_is_current(version):
         return True
     try:
         root = library.source_root()

@@ -32,7 +32,8 @@ def library_path():
 
     Order: ``TFRING_LIBRARY``; the library installed next to the package if it
     was built for this TensorFlow (or carries no record, as a Bazel build
-    does); else the per-TF-version cache, compiled there on first use.
+    does) from the C++ sources the package has now; else the per-TF-version
+    cache, compiled there on first use.
 
     Raises:
         ImportError: ``TFRING_LIBRARY`` names no file, or the build failed
@@ -47,10 +48,8 @@ def library_path():
 
     from tfring.build import cache
     packaged = cache.packaged_library()
-    if packaged is not None:
-        built_for = cache.packaged_tf_version()
-        if built_for is None or built_for == tf.__version__:
-            return packaged
+    if packaged is not None and cache.packaged_library_is_current(tf.__version__):
+        return packaged
     return cache.ensure_library(tf)
 
 
