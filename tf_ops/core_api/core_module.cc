@@ -8,11 +8,13 @@
 // takes the GIL only to call a Python output allocator, and to drop the
 // Python objects a request kept alive when Python let go of the request
 // before it ended. Waiting on a handle releases the GIL.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -138,6 +140,16 @@ class PendingCall {
   // What must outlive the collective (the caller's arrays, the allocator),
   // released when the last entry finishes.
   void KeepAlive(std::shared_ptr<PyRef> objects) { keep_alive_ = std::move(objects); }
+  // The array a submit_array() call gives back (made at submission, or by
+  // the core's thread once the output's shape is known).
+  void SetResult(std::shared_ptr<PyRef> result) {
+    std::lock_guard<std::mutex> lock(mu_);
+    result_ = std::move(result);
+  }
+  std::shared_ptr<PyRef> result() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return result_;
+  }
 
  private:
   std::mutex mu_;
@@ -148,6 +160,7 @@ class PendingCall {
   int32_t int_result_ = -1;
   std::vector<std::vector<int64_t>> received_splits_;
   std::shared_ptr<PyRef> keep_alive_;
+  std::shared_ptr<PyRef> result_;
 };
 
 // What Python hands over for one tensor of a call.
@@ -204,12 +217,16 @@ AllocateFn PythonAllocator(std::shared_ptr<PyRef> allocator, int index) {
 }
 
 // Fills entry `i` of `call` (all but the callback).
+// `allocate` makes outputs of unknown size (empty: there is no allocator).
 Status FillEntry(const CallSpec& call, const TensorSpec& t, int i, int n,
-                 const std::shared_ptr<DeviceEvent>& ready,
-                 const std::shared_ptr<PyRef>& allocator, const std::shared_ptr<PendingCall>& req,
-                 TensorTableEntry* e) {
+                 const std::shared_ptr<DeviceEvent>& ready, AllocateFn allocate,
+                 const std::shared_ptr<PendingCall>& req, TensorTableEntry* e) {
   e->type = static_cast<CollectiveType>(call.collective);
-  e->name = n > 1 || call.grouped ? call.name + "_" + std::to_string(i) : call.name;
+  if (n > 1 || call.grouped) {
+    e->name = call.name + "_" + std::to_string(i);
+  } else {
+    e->name = call.name;
+  }
   if (call.grouped) {
     e->group_name = call.name;
     e->group_size = n;
@@ -242,11 +259,11 @@ Status FillEntry(const CallSpec& call, const TensorSpec& t, int i, int n,
       [[fallthrough]];
     case CollectiveType::ALLGATHER:
     case CollectiveType::REDUCESCATTER:
-      if (!allocator) {
+      if (!allocate) {
         return Status::InvalidArgument(std::string("tfring: ") + CollectiveName(e->type) +
                                        " needs an output allocator");
       }
-      e->allocate_output = PythonAllocator(allocator, i);
+      e->allocate_output = std::move(allocate);
       break;
     default:
       return Status::InvalidArgument(std::string("tfring: ") + CollectiveName(e->type) +
@@ -288,7 +305,8 @@ std::shared_ptr<PendingCall> Submit(const CallSpec& call, const std::vector<Tens
   }
   for (int i = 0; i < n; ++i) {
     TensorTableEntry e;
-    s = FillEntry(call, tensors[i], i, n, ready, alloc, req, &e);
+    s = FillEntry(call, tensors[i], i, n, ready, alloc ? PythonAllocator(alloc, i) : AllocateFn(),
+                  req, &e);
     if (!s.ok()) {
       // Enqueue abandons an entry whose arguments it rejects; one rejected
       // here is abandoned alike, so the other ranks do not wait for it.
@@ -304,6 +322,168 @@ std::shared_ptr<PendingCall> Submit(const CallSpec& call, const std::vector<Tens
     }
   }
   return req;
+}
+
+// Names of submit_array() calls, interned: the first call with a name
+// copies its text once, and later calls find it by the Python string's
+// cached hash (pointer equality first) without converting it again. Bounded,
+// so that a job naming every call afresh does not grow it without end;
+// past the bound names are converted per call, as before. Touched with the
+// GIL held only. Never freed: it lives as long as the module, and freeing a
+// dict after the interpreter is gone would crash at exit.
+class NameTable {
+ public:
+  static constexpr size_t kMaxNames = 16384;
+
+  // The text of `name`; `intern`: remember it (a caller's own name, likely
+  // to come back), else converted for this call only (a numbered default).
+  const std::string& Get(PyObject* name, bool intern, std::string* scratch) {
+    if (index_ == nullptr) index_ = PyDict_New();
+    PyObject* found = PyDict_GetItemWithError(index_, name);
+    if (found != nullptr) return names_[PyLong_AsSsize_t(found)];
+    if (PyErr_Occurred()) throw py::error_already_set();
+    Py_ssize_t size = 0;
+    const char* text = PyUnicode_AsUTF8AndSize(name, &size);
+    if (text == nullptr) throw py::error_already_set();
+    if (!intern || names_.size() >= kMaxNames) {
+      scratch->assign(text, size);
+      return *scratch;
+    }
+    py::object index = py::int_(names_.size());
+    if (PyDict_SetItem(index_, name, index.ptr()) != 0) throw py::error_already_set();
+    names_.emplace_back(text, size);
+    return names_.back();
+  }
+  size_t size() const { return names_.size(); }
+
+ private:
+  PyObject* index_ = nullptr;
+  std::deque<std::string> names_;  // a deque: references stay valid as it grows
+};
+
+NameTable& Names() {
+  static NameTable* table = new NameTable();
+  return *table;
+}
+
+// The core's dtype code of a numpy dtype in native byte order; -1 for one
+// the core does not take here (the Python path then names the problem).
+int32_t NumpyDtypeCode(const py::dtype& dt) {
+  char order = dt.byteorder();
+  if (order != '=' && order != '|' && order != (PY_BIG_ENDIAN ? '>' : '<')) return -1;
+  const py::ssize_t size = dt.itemsize();
+  switch (dt.kind()) {
+    case 'b':
+      return size == 1 ? static_cast<int32_t>(DataType::BOOL) : -1;
+    case 'i':
+      return size == 1   ? static_cast<int32_t>(DataType::INT8)
+             : size == 2 ? static_cast<int32_t>(DataType::INT16)
+             : size == 4 ? static_cast<int32_t>(DataType::INT32)
+             : size == 8 ? static_cast<int32_t>(DataType::INT64)
+                         : -1;
+    case 'u':
+      return size == 1   ? static_cast<int32_t>(DataType::UINT8)
+             : size == 2 ? static_cast<int32_t>(DataType::UINT16)
+                         : -1;
+    case 'f':
+      return size == 2   ? static_cast<int32_t>(DataType::FLOAT16)
+             : size == 4 ? static_cast<int32_t>(DataType::FLOAT32)
+             : size == 8 ? static_cast<int32_t>(DataType::FLOAT64)
+                         : -1;
+    default:
+      return -1;
+  }
+}
+
+// An output numpy array of `shape`, made on the core's thread once the shape
+// is negotiated, and kept as the call's result.
+AllocateFn NumpyAllocator(std::shared_ptr<PyRef> dtype, std::weak_ptr<PendingCall> call) {
+  return [dtype, call](const TensorShape& shape, void** data) {
+    KeepPythonThreadState();
+    py::gil_scoped_acquire gil;
+    try {
+      std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+      py::array out(py::reinterpret_borrow<py::dtype>(dtype->get()), dims);
+      *data = out.mutable_data();
+      if (auto req = call.lock()) req->SetResult(std::make_shared<PyRef>(std::move(out)));
+    } catch (py::error_already_set& e) {
+      return Status::Unknown("tfring: allocating an output of shape " + ShapeString(shape) +
+                             " failed: " + e.what());
+    }
+    return Status::OK();
+  };
+}
+
+// One collective on one numpy array, submitted in one call from Python: the
+// steady-state path of tfring.core's allreduce, broadcast, allgather and
+// reducescatter (tfring/core/ops.py). Returns None for an array it does not
+// take (not C-contiguous, another dtype, a subclass): Python then goes the
+// general way, which copies or names the problem. Returns the core's status
+// tuple when the core refused the call, else the PendingCall, whose
+// wait_result() gives the output array.
+py::object SubmitArray(int32_t collective, py::handle x, py::handle name, bool intern,
+                       int32_t process_set_id, int32_t reduce_op, double prescale,
+                       double postscale, int32_t root_rank, bool in_place) {
+  if (!py::isinstance<py::array>(x)) return py::none();
+  auto in = py::reinterpret_borrow<py::array>(x);
+  if (!(in.flags() & py::array::c_style)) return py::none();
+  if (in_place && !in.writeable()) return py::none();
+  py::dtype dt = in.dtype();
+  const int32_t code = NumpyDtypeCode(dt);
+  if (code < 0) return py::none();
+  const auto type = static_cast<CollectiveType>(collective);
+  const bool fixed_output = type == CollectiveType::ALLREDUCE || type == CollectiveType::BROADCAST;
+  if (!fixed_output && type != CollectiveType::ALLGATHER &&
+      type != CollectiveType::REDUCESCATTER) {
+    return py::none();
+  }
+  std::string scratch;
+  CallSpec call;
+  call.collective = collective;
+  call.name = Names().Get(name.ptr(), intern, &scratch);
+  call.process_set_id = process_set_id;
+  call.reduce_op = reduce_op;
+  call.prescale = prescale;
+  call.postscale = postscale;
+  call.root_rank = root_rank;
+  TensorSpec t;
+  t.input = reinterpret_cast<uintptr_t>(in.data());
+  t.shape.assign(in.shape(), in.shape() + in.ndim());
+  t.dtype = code;
+  auto req = std::make_shared<PendingCall>(1);
+  AllocateFn allocate;
+  if (fixed_output) {
+    py::array out = in_place ? in : py::array(dt, std::vector<py::ssize_t>(
+                                                      in.shape(), in.shape() + in.ndim()));
+    t.output = reinterpret_cast<uintptr_t>(out.mutable_data());
+    req->SetResult(std::make_shared<PyRef>(out));
+    req->KeepAlive(std::make_shared<PyRef>(py::reinterpret_borrow<py::object>(x)));
+  } else {
+    req->KeepAlive(std::make_shared<PyRef>(py::reinterpret_borrow<py::object>(x)));
+    allocate = NumpyAllocator(std::make_shared<PyRef>(dt), req);
+  }
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = CheckEnum(reduce_op, static_cast<int32_t>(ReduceOp::PRODUCT), "reduce op");
+    if (s.ok()) s = CheckInitialized();
+    if (s.ok()) {
+      TensorTableEntry e;
+      s = FillEntry(call, t, 0, 1, nullptr, std::move(allocate), req, &e);
+      if (!s.ok()) {
+        Abandon(process_set_id, e, s);
+      } else {
+        e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
+        s = Enqueue(process_set_id, std::move(e));
+      }
+    }
+  }
+  if (!s.ok()) {
+    req->Finish(s);
+    req->ReleaseKeepAlive();
+    return StatusTuple(s);
+  }
+  return py::cast(req);
 }
 
 // BARRIER and JOIN: no tensor, one entry.
@@ -366,6 +546,34 @@ PYBIND11_MODULE(_tfring_core, m) {
            [](PendingCall& r) {
              return StatusTuple(r.submit_status());
            })
+      .def(
+          "wait_result",
+          [](PendingCall& r) -> py::object {
+            // Short slices, so that Ctrl-C reaches the waiting thread.
+            for (;;) {
+              bool done;
+              {
+                py::gil_scoped_release release;
+                done = r.Wait(0.2);
+              }
+              if (done) break;
+              if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+            }
+            r.ReleaseKeepAlive();
+            Status s = r.status();
+            if (!s.ok()) return StatusTuple(s);
+            auto result = r.result();
+            if (!result) return py::none();
+            return py::reinterpret_borrow<py::object>(result->get());
+          },
+          "Waits for a submit_array() call; returns its output array, or the status tuple "
+          "(code, message, cause, rank) when it failed.")
+      .def("result",
+           [](PendingCall& r) -> py::object {
+             auto result = r.result();
+             if (!result) return py::none();
+             return py::reinterpret_borrow<py::object>(result->get());
+           })
       .def("int_result", &PendingCall::int_result)
       .def("received_splits", &PendingCall::received_splits);
 
@@ -426,6 +634,15 @@ PYBIND11_MODULE(_tfring_core, m) {
       "here when None) before it is negotiated. Outputs of unknown size come from allocator(index, shape) -> "
       "data pointer, called on a core thread with the GIL held. `keep_alive` is held until the "
       "request finishes.");
+  m.def("submit_array", &SubmitArray, py::arg("collective"), py::arg("array"), py::arg("name"),
+        py::arg("intern"), py::arg("process_set_id"), py::arg("reduce_op"), py::arg("prescale"),
+        py::arg("postscale"), py::arg("root_rank"), py::arg("in_place"),
+        "One collective on one C-contiguous numpy array in one call (allreduce, broadcast, "
+        "allgather, reducescatter): returns a PendingCall (wait_result() gives the output), the "
+        "status tuple when the core refused it, or None for an array it does not take.");
+  m.def(
+      "interned_names", [] { return Names().size(); },
+      "How many names submit_array() has interned (each copied once, on its first call).");
   m.def(
       "abandon",
       [](int32_t collective, const std::string& name, int32_t process_set_id, bool grouped,

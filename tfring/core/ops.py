@@ -1,5 +1,8 @@
 """The collectives of tfring.core: each submits raw buffers to the core
 (``_tfring_core.enqueue``) and gives back arrays of the caller's kind.
+A single C-contiguous numpy array takes the short way instead
+(``_submit_array``: one ``submit_array`` call, which reads the buffer and
+makes the output in C++), as most steady-state calls are.
 
 Every ``*_async`` function returns a :class:`Handle`; the blocking function
 of the same name is ``*_async(...).wait()``. The collective's arguments are
@@ -8,7 +11,7 @@ not here: this layer only describes arrays and makes outputs.
 """
 import numpy as np
 
-from tfring.core import arrays, errors, names
+from tfring.core import _module, arrays, errors, names
 from tfring.core.lifecycle import _require_init
 from tfring.core.process_sets import process_set_id as _process_set_id
 
@@ -70,6 +73,62 @@ class Handle:
             self._value = self._result(self._call)
             self._taken = True
         return self._value
+
+
+class _ArrayHandle(Handle):
+    """The handle of a call submitted by ``_submit_array``: blocking waits
+    are one call into the core, which gives back the output array."""
+
+    def __init__(self, call):
+        super().__init__(call, _array_result)
+
+    def wait(self, timeout=None):
+        if self._taken or timeout is not None:
+            return super().wait(timeout)
+        result = self._call.wait_result()
+        if type(result) is tuple:
+            errors.raise_for_status(*result)
+        self._value, self._taken = result, True
+        return result
+
+
+def _array_result(call):
+    return call.result()
+
+
+def _submit_array(collective, x, name, process_set, op=Sum, prescale=1.0, postscale=1.0,
+                  root_rank=0, in_place=False):
+    """The steady-state path: one numpy array submitted by one call into the
+    core (``submit_array``), which reads the buffer, makes the output and
+    enqueues there. Returns (an :class:`_ArrayHandle`, name), or (None,
+    name) when the call is not one it takes (another kind of array, a
+    non-contiguous or unsupported one, a process set object, unusual
+    argument types): the general path (:func:`_submit`) then handles it with
+    the name returned, and names any problem. A default name is numbered
+    once either way, so that every rank numbers alike whichever path its
+    array takes."""
+    core = _module._module
+    if (core is None or type(x) is not np.ndarray or type(op) is not int
+            or (process_set is not None and type(process_set) is not int)):
+        return None, name
+    if not name:
+        name = _auto_name(_KINDS[collective], process_set)
+        intern = False  # numbered defaults never come back
+    elif type(name) is str:
+        intern = True
+    else:
+        return None, name
+    try:
+        call = core.submit_array(collective, x, name, intern, process_set or 0, op, prescale,
+                                 postscale, root_rank, in_place)
+    except TypeError:  # an argument pybind11 does not convert: the general path says why
+        return None, name
+    if call is None:
+        return None, name
+    if type(call) is tuple:
+        _require_init()  # before init() or after shutdown(): its own error type
+        errors.raise_for_status(*call)
+    return _ArrayHandle(call), name
 
 
 def synchronize(handle):
@@ -154,6 +213,10 @@ def _outputs(adapted, made):
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=None):
     """Starts an allreduce; see :func:`allreduce`. Returns a :class:`Handle`."""
+    handle, name = _submit_array(_ALLREDUCE, tensor, name, process_set, op, prescale_factor,
+                                 postscale_factor)
+    if handle is not None:
+        return handle
     call, adapted, fixed, _ = _submit(_ALLREDUCE, [tensor], name,
                                       process_set, op=op, prescale=prescale_factor,
                                       postscale=postscale_factor)
@@ -164,6 +227,10 @@ def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postsca
                      process_set=None):
     """Starts an allreduce whose result is written into the array the core
     reads; see :func:`allreduce_`. Returns a :class:`Handle`."""
+    handle, name = _submit_array(_ALLREDUCE, tensor, name, process_set, op, prescale_factor,
+                                 postscale_factor, in_place=True)
+    if handle is not None:
+        return handle
     call, adapted, _, _ = _submit(_ALLREDUCE, [tensor], name, process_set, op=op,
                                   prescale=prescale_factor, postscale=postscale_factor,
                                   in_place=True)
@@ -275,6 +342,9 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
 
 def allgather_async(tensor, name=None, process_set=None):
     """Starts an allgather; see :func:`allgather`."""
+    handle, name = _submit_array(_ALLGATHER, tensor, name, process_set)
+    if handle is not None:
+        return handle
     call, adapted, _, late = _submit(_ALLGATHER, [tensor], name,
                                      process_set)
     return Handle(call, lambda c: _outputs(adapted, late)[0])
@@ -328,6 +398,10 @@ def grouped_allgather(tensors, name=None, process_set=None):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts a broadcast; see :func:`broadcast`."""
+    if type(root_rank) is int:
+        handle, name = _submit_array(_BROADCAST, tensor, name, process_set, root_rank=root_rank)
+        if handle is not None:
+            return handle
     call, adapted, fixed, _ = _submit(_BROADCAST, [tensor], name,
                                       process_set, root_rank=root_rank)
     return Handle(call, lambda c: _outputs(adapted, fixed)[0])
@@ -336,6 +410,11 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """:func:`broadcast_async` in place: the root's value overwrites
     ``tensor`` (see :func:`allreduce_`)."""
+    if type(root_rank) is int:
+        handle, name = _submit_array(_BROADCAST, tensor, name, process_set,
+                                     root_rank=root_rank, in_place=True)
+        if handle is not None:
+            return handle
     call, adapted, _, _ = _submit(_BROADCAST, [tensor], name, process_set, root_rank=root_rank,
                                   in_place=True)
     return Handle(call, lambda c: adapted[0].wrap(adapted[0].array))
@@ -405,6 +484,10 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 def reducescatter_async(tensor, op=Average, name=None, process_set=None,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; see :func:`reducescatter`."""
+    handle, name = _submit_array(_REDUCESCATTER, tensor, name, process_set, op,
+                                 prescale_factor, postscale_factor)
+    if handle is not None:
+        return handle
     call, adapted, _, late = _submit(_REDUCESCATTER, [tensor],
                                      name, process_set, op=op,
                                      prescale=prescale_factor, postscale=postscale_factor)

@@ -206,3 +206,24 @@ def test_topology(rank, size):
     assert 0 <= hvd.local_rank() < hvd.local_size() <= size
     assert hvd.is_initialized()
     assert hvd.nccl_built() or not hvd.gpu_built()
+
+
+def test_numpy_calls_submit_in_one_call_with_interned_names(rank, size):
+    # The steady state (issue 38): a contiguous numpy array goes to the core
+    # in one submit_array() call, whose name is converted and copied on its
+    # first call only; other arrays take the general path, with its copies.
+    from tfring.core import _module, ops
+    core = _module.load()
+    x = np.arange(6, dtype=np.float32)
+    before = core.interned_names()
+    for _ in range(3):
+        h = hvd.allreduce_async(x, op=hvd.Sum, name="core.interned.once")
+        assert isinstance(h, ops._ArrayHandle)
+        np.testing.assert_array_equal(h.wait(), x * size)
+    assert core.interned_names() == before + 1
+    hvd.allreduce(x, op=hvd.Sum)  # a numbered default name is never interned
+    assert hvd.allgather(x[:2], name="core.interned.ag").tolist() == [0, 1] * size
+    assert core.interned_names() == before + 2
+    strided = hvd.allreduce_async(x[::2], op=hvd.Sum, name="core.interned.strided")
+    assert not isinstance(strided, ops._ArrayHandle)
+    np.testing.assert_array_equal(strided.wait(), x[::2] * size)
