@@ -18,13 +18,15 @@ constexpr int kGatherStep = 64;      // + step
 constexpr int kFoldOutStep = 100;
 constexpr int kMeasureStep = 200;    // + 0 small, + 1 large
 
-// The measurement's messages: a small one, whose hop time is alpha, and
-// one large enough that its hop time is mostly bytes (beta): 256 KiB takes
-// 2 ms on a 1 Gbit/s link and still 50 us through loopback, far above alpha.
+// The measurement's messages: a small one, whose hop time is alpha, and a
+// large one whose hop time is mostly bytes (beta): 1 MiB takes 8 ms on a
+// 1 Gbit/s link and still 200 us through loopback, far above alpha. The
+// small hop is the least of a few (the first ones also carry the ranks'
+// skew as they leave the previous step); the large one the median of three
+// back to back: a link that lets a burst through at a higher rate (a token
+// bucket) passes the first at that rate, and the others at the link's.
 constexpr int64_t kSmallProbeBytes = 8;
-constexpr int64_t kLargeProbeBytes = 256 << 10;
-// The least of a few hops: the first ones also carry the ranks' skew
-// (they leave the previous step at different times).
+constexpr int64_t kLargeProbeBytes = 1 << 20;
 constexpr int kSmallProbes = 8;
 constexpr int kLargeProbes = 3;
 
@@ -240,8 +242,9 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
   if (n == 1) return Status::OK();
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   std::vector<char> send(kLargeProbeBytes, 1), recv(kLargeProbeBytes, 0);
-  auto hop = [&](int64_t bytes, int tag, int times, double* best) -> Status {
-    *best = 1e30;
+  // Each hop's seconds, sorted.
+  auto hop = [&](int64_t bytes, int tag, int times, std::vector<double>* took) -> Status {
+    took->clear();
     for (int i = 0; i < times; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       CommRequestPtr rq, sq;
@@ -254,13 +257,15 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
         if (sq) comm_->Cancel(&sq);
         return s;
       }
-      *best = std::min(*best, Seconds(t0));
+      took->push_back(Seconds(t0));
     }
+    std::sort(took->begin(), took->end());
     return Status::OK();
   };
-  double small_s = 0, large_s = 0;
-  TFRING_RETURN_IF_ERROR(hop(kSmallProbeBytes, Tag(kMeasureStep), kSmallProbes, &small_s));
-  TFRING_RETURN_IF_ERROR(hop(kLargeProbeBytes, Tag(kMeasureStep + 1), kLargeProbes, &large_s));
+  std::vector<double> small, large;
+  TFRING_RETURN_IF_ERROR(hop(kSmallProbeBytes, Tag(kMeasureStep), kSmallProbes, &small));
+  TFRING_RETURN_IF_ERROR(hop(kLargeProbeBytes, Tag(kMeasureStep + 1), kLargeProbes, &large));
+  const double small_s = small.front(), large_s = large[large.size() / 2];
   double reduce_s = 1e30;
   for (int i = 0; i < kLargeProbes; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
