@@ -20,11 +20,12 @@ constexpr int kMeasureStep = 200;    // + 0 small, + 1 large
 
 // The measurement's messages: a small one, whose hop time is alpha, and a
 // large one whose hop time is mostly bytes (beta): 1 MiB takes 8 ms on a
-// 1 Gbit/s link and still 200 us through loopback, far above alpha. The
-// small hop is the least of a few (the first ones also carry the ranks'
-// skew as they leave the previous step); the large one the median of three
+// 1 Gbit/s link and still 200 us through loopback, far above alpha. Each
+// is the median of its hops, not the least: a collective's steps pay the
+// typical hop (a wake-up from poll() when ranks outnumber cores), and the
+// least of eight was half the typical one on 2 fake hosts. Three large hops
 // back to back: a link that lets a burst through at a higher rate (a token
-// bucket) passes the first at that rate, and the others at the link's.
+// bucket) passes the first at that rate and the others at the link's.
 constexpr int64_t kSmallProbeBytes = 8;
 constexpr int64_t kLargeProbeBytes = 1 << 20;
 constexpr int kSmallProbes = 8;
@@ -265,7 +266,7 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
   std::vector<double> small, large;
   TFRING_RETURN_IF_ERROR(hop(kSmallProbeBytes, Tag(kMeasureStep), kSmallProbes, &small));
   TFRING_RETURN_IF_ERROR(hop(kLargeProbeBytes, Tag(kMeasureStep + 1), kLargeProbes, &large));
-  const double small_s = small.front(), large_s = large[large.size() / 2];
+  const double small_s = small[small.size() / 2], large_s = large[large.size() / 2];
   double reduce_s = 1e30;
   for (int i = 0; i < kLargeProbes; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
