@@ -3,7 +3,8 @@
 
     python benchmarks/cross_host.py [--quick] [--rates 1gbit,2500mbit,5gbit,unlimited]
                                     [--layouts 2x1,3x1,4x1,2x2] [--rounds N]
-                                    [--libs tcp,tcp-tf,tcp-hier,mpi,mpich,gloo] [--json out.json]
+                                    [--libs tcp,tcp-tf,tcp-hier,mpi,mpich,gloo,tcp-ring,tcp-rd,tcp-rab]
+                                    [--sizes "4 KB,64 KB,1 MB,16 MB,64 MB"] [--json out.json]
                                     [--md benchmarks/RESULTS_CROSS_HOST.md]
 
 Fake hosts are network namespaces joined by a bridge (tests/netns_support.py;
@@ -16,11 +17,16 @@ HxR is H fake hosts with R ranks each. On the same hosts, one after the other
   tcp-tf    the same through the TensorFlow eager op (tfring.tensorflow's
             allreduce: a fresh output tensor per call; no .numpy());
   tcp-hier  tcp with TFRING_HIERARCHICAL_ALLREDUCE=1 (layouts with R > 1);
+  tcp-ring, tcp-rd, tcp-rab
+            tcp with TFRING_ALLREDUCE_ALGORITHM=ring, recursive_doubling or
+            rabenseifner forced (tcp itself chooses: auto);
   mpi       tcp's loop under `tfringrun --mpi -H ...` (MPICH hydra over the
             fake ssh);
   mpich     MPI_Allreduce through mpi4py on numpy arrays, same mpiexec;
   gloo      torch.distributed all_reduce in place, backend gloo (benchmark
             only; torch is no dependency of tfring).
+With any of the forced algorithms, a second table gives each size's median
+time per library and auto's time over the fastest forced algorithm's.
 Every library runs the same loop on buffers it keeps (in place, as DDP and
 Horovod reduce gradients): each call lined up by a tiny allreduce, the
 slowest rank's median, the process CPU per call. Rows: 4 KB latency, 1 MB
@@ -51,11 +57,17 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import bench_common as bc  # noqa: E402
 import transport  # noqa: E402
 
-SIZES = transport.SIZES
-LIBS = ("tcp", "tcp-tf", "tcp-hier", "mpi", "mpich", "gloo")
+# transport.py's sizes and, for the allreduce algorithms' cut-overs, more.
+SIZES = dict(sorted({**transport.SIZES, "64 KB": 64 << 10, "16 MB": 16 << 20}.items(),
+                    key=lambda kv: kv[1]))
+LIBS = ("tcp", "tcp-tf", "tcp-hier", "mpi", "mpich", "gloo", "tcp-ring", "tcp-rd", "tcp-rab")
 LIB_NAMES = {"tcp": "tfring --tcp", "tcp-tf": "tfring --tcp, TF op", "tcp-hier":
              "tfring --tcp hier.", "mpi": "tfring --mpi", "tcp-tf-base": "baseline: TF op",
-             "mpich": "MPICH (mpi4py)", "gloo": "Gloo (torch)"}
+             "mpich": "MPICH (mpi4py)", "gloo": "Gloo (torch)",
+             "tcp-ring": "tfring --tcp, ring", "tcp-rd": "tfring --tcp, recursive doubling",
+             "tcp-rab": "tfring --tcp, Rabenseifner"}
+# The forced algorithms (TFRING_ALLREDUCE_ALGORITHM) beside auto ("tcp").
+ALGORITHMS = {"tcp-ring": "ring", "tcp-rd": "recursive_doubling", "tcp-rab": "rabenseifner"}
 RATE_GBIT = {"1gbit": 1.0, "2500mbit": 2.5, "5gbit": 5.0, "unlimited": None}
 
 
@@ -312,6 +324,8 @@ class Bench:
             data = self.tfring("tcp", "tfring-tf", {"TFRING_LIBRARY": self.baseline_library})
         elif lib == "tcp-hier":
             data = self.tfring("tcp", extra_env={"TFRING_HIERARCHICAL_ALLREDUCE": "1"})
+        elif lib in ALGORITHMS:
+            data = self.tfring("tcp", extra_env={"TFRING_ALLREDUCE_ALGORITHM": ALGORITHMS[lib]})
         elif lib == "mpi":
             data = self.tfring("mpi")
         elif lib == "mpich":
@@ -402,7 +416,7 @@ def strace_summary(directory, lib_key, ranks):
 
 STRACE_KEYS = {"tcp": "tfring-core-tcp", "tcp-tf": "tfring-tf-tcp", "tcp-tf-base": "tfring-tf-tcp",
                "tcp-hier": "tfring-core-tcp", "mpi": "tfring-core-mpi", "mpich": "mpich",
-               "gloo": "gloo"}
+               "gloo": "gloo", **{lib: "tfring-core-tcp" for lib in ALGORITHMS}}
 
 
 def run_layout(rate, layout, libs, rounds, timeout, sizes, strace=False):
@@ -490,6 +504,31 @@ def table(cells, libs):
     return "\n".join(lines)
 
 
+def algorithm_table(cells, libs):
+    """Per size, each library's median time, and auto's (tcp) over the
+    fastest forced algorithm's: the choice's target is within 10%."""
+    shown = [lib for lib in ("tcp-ring", "tcp-rd", "tcp-rab", "tcp", "mpich", "gloo")
+             if lib in libs]
+    lines = ["\nAllreduce time by algorithm (median of the slowest rank; tfring --tcp = auto):\n",
+             "| link, layout | size | " + " | ".join(LIB_NAMES[lib] for lib in shown)
+             + " | auto / fastest forced |",
+             "|---|---|" + "---|" * len(shown) + "---|"]
+    for cell in cells:
+        meds = {lib: medians(cell, lib) for lib in shown}
+        for label in cell_sizes(cell):
+            row = [f"{cell['rate']}, {cell['layout']}", label]
+            for lib in shown:
+                m = meds[lib]
+                row.append(bc.human_time(m[label][0]) if m and label in m else "-")
+            forced = [meds[lib][label][0] for lib in ALGORITHMS if meds.get(lib)
+                      and label in meds[lib]]
+            auto = meds.get("tcp")
+            row.append(f"{auto[label][0] / min(forced):.2f}" if forced and auto and label in auto
+                       else "-")
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def strace_table(cell, libs):
     """System calls per rank and per call of the last size measured."""
     calls = transport.reps_for(SIZES[cell_sizes(cell)[-1]]) + 3
@@ -558,6 +597,8 @@ def main():
             cells.append(run_layout(rate, layout, libs, args.rounds, args.timeout, args.sizes,
                                     args.strace))
             print(table(cells[-1:], libs), flush=True)
+            if any(lib in ALGORITHMS for lib in libs):
+                print(algorithm_table(cells[-1:], libs), flush=True)
             if args.strace:
                 print(strace_table(cells[-1], libs), flush=True)
             if args.json:
@@ -568,6 +609,8 @@ def main():
             f.write(f"\n## Run of {started}\n\n`python {' '.join(sys.argv)}` "
                     f"(nproc {os.cpu_count()}, load at the end {load()})\n")
             f.write(table(cells, libs) + "\n")
+            if any(lib in ALGORITHMS for lib in libs):
+                f.write(algorithm_table(cells, libs) + "\n")
     failed = sum(len(c["errors"]) for c in cells)
     return 1 if failed else 0
 

@@ -1,7 +1,8 @@
 """Builds and runs the C++ unit tests of the framework-agnostic core
 (tf_ops/common/tests/: negotiation, the response cache, execution, Adasum,
-failures) under AddressSanitizer and UBSan. They need no TensorFlow and no
-MPI, which is the layering this also guards."""
+failures, the allreduce algorithms over TCP worlds on threads) under
+AddressSanitizer and UBSan. They need no TensorFlow and no MPI, which is the
+layering this also guards."""
 import glob
 import os
 
@@ -14,7 +15,7 @@ CORE = os.path.join(ROOT, "tf_ops", "common")
 
 
 CORE_PROGRAMS = ["negotiation_test.cc", "response_cache_test.cc", "execution_test.cc",
-                 "adasum_test.cc", "failures_test.cc"]
+                 "adasum_test.cc", "failures_test.cc", "allreduce_algorithms_test.cc"]
 
 
 @pytest.mark.needs_tool("g++")

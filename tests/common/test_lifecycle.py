@@ -48,6 +48,7 @@ def test_topology_lines(run_ranks, controller):
 
 
 SHUTDOWN_SCRIPT = """
+import os
 import numpy as np
 import tfring.core as hvd
 hvd.init()
@@ -60,6 +61,16 @@ except (hvd.PreconditionError, hvd.AbortedError) as e:
     assert "shut down" in e.message, e.message
 else:
     raise SystemExit("collective after shutdown() did not fail")
+# A setting tfring cannot use is refused by init() on every rank, naming it,
+# before any rank waits for another.
+os.environ["TFRING_ALLREDUCE_ALGORITHM"] = "fastest"
+try:
+    hvd.init()
+except hvd.PreconditionError as e:
+    assert "TFRING_ALLREDUCE_ALGORITHM='fastest' names no allreduce algorithm" in e.message, e.message
+else:
+    raise SystemExit("init() took an unknown allreduce algorithm")
+del os.environ["TFRING_ALLREDUCE_ALGORITHM"]
 hvd.init()  # starts afresh
 assert hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum)[0] == hvd.size()
 print("OK", hvd.rank())

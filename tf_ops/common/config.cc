@@ -38,6 +38,16 @@ LogLevel ParseLogLevel(const char* v, LogLevel fallback) {
 
 }  // namespace
 
+const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllreduceAlgorithm::AUTO: return "auto";
+    case AllreduceAlgorithm::RING: return "ring";
+    case AllreduceAlgorithm::RECURSIVE_DOUBLING: return "recursive_doubling";
+    case AllreduceAlgorithm::RABENSEIFNER: return "rabenseifner";
+  }
+  return "unknown";
+}
+
 Config Config::FromEnvironment() {
   Config c;
   if (const char* v = GetConfigEnv("FUSION_THRESHOLD")) c.fusion_threshold_bytes = std::atoll(v);
@@ -67,6 +77,22 @@ Config Config::FromEnvironment() {
   if (const char* v = GetConfigEnv("SHM_MIN_BYTES")) c.shm_min_bytes = std::atoll(v);
   if (const char* v = GetConfigEnv("CROSS_HOST_MIN_BYTES")) c.cross_host_min_bytes = std::atoll(v);
   if (const char* v = GetConfigEnv("HIERARCHICAL_ALLREDUCE")) c.hierarchical_allreduce = ParseBool(v);
+  // TFRING_ only: Horovod had no such setting (GetConfigEnv would also
+  // accept a HOROVOD_ name that no Horovod script sets).
+  if (const char* v = std::getenv("TFRING_ALLREDUCE_ALGORITHM")) {
+    std::string name(v);
+    std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+    bool known = false;
+    for (AllreduceAlgorithm a :
+         {AllreduceAlgorithm::AUTO, AllreduceAlgorithm::RING,
+          AllreduceAlgorithm::RECURSIVE_DOUBLING, AllreduceAlgorithm::RABENSEIFNER}) {
+      if (name == AllreduceAlgorithmName(a)) {
+        c.allreduce_algorithm = a;
+        known = true;
+      }
+    }
+    if (!known && !name.empty()) c.allreduce_algorithm_unknown = v;
+  }
   if (const char* v = GetConfigEnv("AUTOTUNE")) c.autotune = ParseBool(v);
   if (const char* v = GetConfigEnv("XLA")) c.xla = ParseBool(v);
   if (const char* v = GetConfigEnv("AUTOTUNE_LOG")) c.autotune_log = v;
@@ -102,6 +128,16 @@ Config Config::FromEnvironment() {
   if (c.fusion_threshold_bytes < 0) c.fusion_threshold_bytes = 0;
   if (c.cycle_time_ms < 0) c.cycle_time_ms = 0;
   return c;
+}
+
+Status Config::Check() const {
+  if (!allreduce_algorithm_unknown.empty()) {
+    return Status::Misconfigured("tfring: TFRING_ALLREDUCE_ALGORITHM='" +
+                                 allreduce_algorithm_unknown +
+                                 "' names no allreduce algorithm; use auto, ring, "
+                                 "recursive_doubling or rabenseifner");
+  }
+  return Status::OK();
 }
 
 std::string Config::HostnameFor(int rank, const std::string& real_host) const {

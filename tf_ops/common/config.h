@@ -7,9 +7,17 @@
 #include <cstdint>
 #include <string>
 
+#include "status.h"
+
 namespace tfring {
 
 enum class LogLevel : int { TRACE = 0, DEBUG = 1, INFO = 2, WARNING = 3, ERROR = 4, FATAL = 5 };
+
+// Which allreduce a ring data plane runs (ops/allreduce_algorithms.h):
+// AUTO chooses per message from the plane's measured link costs.
+enum class AllreduceAlgorithm : int { AUTO = 0, RING, RECURSIVE_DOUBLING, RABENSEIFNER };
+// "auto", "ring", "recursive_doubling", "rabenseifner".
+const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm);
 
 struct Config {
   int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
@@ -40,6 +48,12 @@ struct Config {
   // Across hosts, reduce within each host first (hierarchical) instead of
   // one flat ring.
   bool hierarchical_allreduce = false;
+  // TFRING_ALLREDUCE_ALGORITHM: what the ring-based planes run for an
+  // allreduce. Horovod had no such knob, so there is no HOROVOD_ alias. A
+  // name that is none of the algorithms is kept in
+  // allreduce_algorithm_unknown for Check() to refuse.
+  AllreduceAlgorithm allreduce_algorithm = AllreduceAlgorithm::AUTO;
+  std::string allreduce_algorithm_unknown;
   // Autotune (see parameter_manager.h).
   bool autotune = false;
   // TFRING_XLA (alias HOROVOD_XLA): 0 keeps Keras from compiling the train
@@ -100,6 +114,10 @@ struct Config {
   std::string HostnameFor(int rank, const std::string& real_host) const;
 
   static Config FromEnvironment();
+  // Misconfigured naming the variable when a setting cannot be used; init()
+  // refuses to start on it (every rank reads the same environment, so every
+  // rank refuses alike, before any collective).
+  Status Check() const;
 };
 
 // TFRING_<name>, else HOROVOD_<name>, else nullptr.

@@ -186,6 +186,8 @@ Status StartTransport(const std::string& name, const TransportArgs& args) {
   TFRING_RETURN_IF_ERROR(CheckCanStart(&running));
   if (running) return Status::OK();
   const Config config = Config::FromEnvironment();
+  // Refused before the backend exists, so no rank waits for one that stopped.
+  TFRING_RETURN_IF_ERROR(config.Check());
   TFRING_RETURN_IF_ERROR(it->second.make(config, args, &backend));
   return Initialize(std::move(backend), config);
 }

@@ -52,6 +52,9 @@ UNIT_TEST_SOURCES = {
                                        "transport/tcp/rendezvous_client.cc",
                                        "transport/tcp/topology.cc"],
     "tcp_comm_test.cc": _TCP_WORLD,
+    # The allreduce algorithms over TCP worlds on threads.
+    "allreduce_algorithms_test.cc": _TCP_WORLD + ["ops/allreduce_algorithms.cc", "reduction.cc",
+                                                  "common.cc", "config.cc"],
     # One rank of a multi-process job (tests/common/transport/test_tcp_communicator.py).
     "ranks/tcp_comm_rank.cc": _TCP_WORLD,
     "peer_frame_test.cc": _TCP_WIRE + ["transport/tcp/peer_frame.cc"],
@@ -59,6 +62,7 @@ UNIT_TEST_SOURCES = {
     # Every CPU plane over MPI and over TCP (tests/common/ops/test_conformance_cpp.py).
     "conformance_test.cc": _TCP_WORLD + [
         "ops/mpi_data_plane.cc", "ops/ring_data_plane.cc", "ops/hierarchical_data_plane.cc",
+        "ops/allreduce_algorithms.cc",
         "ops/shm_data_plane.cc", "ops/shm_single_copy.cc", "ops/shm_segment.cc", "ops/adasum.cc",
         "ops/comm_point_to_point.cc", "mpi/mpi_context.cc", "mpi/mpi_communicator.cc",
         "common.cc", "reduction.cc", "config.cc", "fusion_buffer.cc"],

@@ -1,6 +1,6 @@
 """The data planes' conformance suite (tf_ops/common/tests/conformance_test.cc):
 every CPU plane (MPI's own, shared memory, ring and hierarchical over MPI,
-the ring over TCP) runs every collective, dtype, reduce op and scaling at
+the ring over TCP, the ring with recursive doubling or Rabenseifner forced) runs every collective, dtype, reduce op and scaling at
 sizes around its thresholds, against a reference computed in the test, at
 np=1, 2 and 3. One mpiexec job per np runs every plane; each plane x np is
 reported as its own test."""
@@ -18,9 +18,12 @@ from tfring.build.unit_tests import unit_test_sources
 
 # The labels conformance_test.cc gives its planes (MakePlanes()).
 PLANES = ["mpi", "shm", "shm/4k-chunks", "shm/single-copy", "ring", "ring/tiny-pieces",
-          "hierarchical", "hierarchical/tiny-pieces", "ring-tcp", "ring-tcp/tiny-pieces"]
+          "hierarchical", "hierarchical/tiny-pieces", "ring-tcp", "ring-tcp/tiny-pieces",
+          "ring/recursive-doubling", "ring-tcp/recursive-doubling", "ring/rabenseifner",
+          "ring-tcp/rabenseifner"]
 # Warnings are errors in the suite and in the planes it is about.
 STRICT = ("conformance_test.cc", "ring_data_plane.cc", "hierarchical_data_plane.cc",
+          "allreduce_algorithms.cc",
           "shm_data_plane.cc", "mpi_data_plane.cc", "comm_point_to_point.cc",
           "mpi_communicator.cc")
 

@@ -38,9 +38,11 @@ CHOSEN = {
     "auto-one-host-np2": (2, {"TFRING_CPU_OPERATIONS": "auto"}, "SHM"),
     "auto-hosts-a,a,b-np3": (3, {"TFRING_CPU_OPERATIONS": "auto", "TFRING_HOSTNAME": "a,a,b",
                                  "TFRING_CROSS_HOST_MIN_BYTES": "0"}, "ring"),
-    # Two ranks per host: the hierarchical plane's two lanes.
+    # Two ranks per host: the hierarchical plane's two lanes, each running
+    # the allreduce algorithm forced by name (the one above chooses).
     "hierarchical-a,a,b,b-np4": (4, {"TFRING_HOSTNAME": "a,a,b,b",
                                      "TFRING_HIERARCHICAL_ALLREDUCE": "1",
+                                     "TFRING_ALLREDUCE_ALGORITHM": "recursive_doubling",
                                      "TFRING_CROSS_HOST_MIN_BYTES": "0"}, "hierarchical"),
 }
 

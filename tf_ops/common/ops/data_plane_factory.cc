@@ -15,7 +15,7 @@ std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& co
                                          const std::vector<std::string>& hosts,
                                          const Config& config, int job_rank) {
   if (!fallback) {
-    Status s = CreateRingDataPlane(comm, &fallback);
+    Status s = CreateRingDataPlane(comm, &fallback, config.allreduce_algorithm);
     if (!s.ok()) {
       TFRING_LOG(ERROR) << "no data plane could be made for a process set: " << s.message();
       return nullptr;
@@ -45,8 +45,9 @@ std::unique_ptr<DataPlane> MakeDataPlane(const std::shared_ptr<Communicator>& co
   }
   if (known && ((!one_host && ops == "auto") || ops == "ring")) {
     Status s = config.hierarchical_allreduce && !one_host
-                   ? CreateHierarchicalDataPlane(comm, hosts, &cross_host)
-                   : CreateRingDataPlane(comm, &cross_host);
+                   ? CreateHierarchicalDataPlane(comm, hosts, &cross_host,
+                                                 config.allreduce_algorithm)
+                   : CreateRingDataPlane(comm, &cross_host, config.allreduce_algorithm);
     if (!s.ok()) {
       TFRING_LOG(WARNING) << "cross-host data plane unavailable, using the " << fallback->name()
                           << " plane: " << s.message();

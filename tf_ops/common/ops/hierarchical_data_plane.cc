@@ -4,8 +4,9 @@
 //   1. within each host, a reduce-scatter: local rank l gets share l of the
 //      host's sum (through the shared-memory plane when it is available,
 //      a ring on the host-local communicator otherwise);
-//   2. across hosts, local rank l of every host runs a ring allreduce over
-//      share l with the l-th ranks of the other hosts ("lane" l);
+//   2. across hosts, local rank l of every host runs an allreduce over
+//      share l with the l-th ranks of the other hosts ("lane" l): the ring
+//      plane's, so the algorithm chosen for it (allreduce_algorithms.h);
 //   3. within each host, an allgather of the shares.
 // Compared with reducing everything to one leader per host, this keeps every
 // local rank (and, on real clusters, every NIC queue and core) busy in the
@@ -187,9 +188,10 @@ Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
 
 Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
                                    const std::vector<std::string>& hosts,
-                                   std::unique_ptr<DataPlane>* out) {
-  return ring_internal::CreateHierarchicalDataPlane(std::move(comm), hosts,
-                                                    ring_internal::RingOptions(), out);
+                                   std::unique_ptr<DataPlane>* out, AllreduceAlgorithm allreduce) {
+  ring_internal::RingOptions options;
+  options.allreduce = allreduce;
+  return ring_internal::CreateHierarchicalDataPlane(std::move(comm), hosts, options, out);
 }
 
 }  // namespace tfring

@@ -39,6 +39,7 @@
 
 #include "../logging.h"
 #include "../reduction.h"
+#include "allreduce_algorithms.h"
 #include "comm_point_to_point.h"
 
 namespace tfring {
@@ -66,7 +67,8 @@ enum TagKind {
   kBroadcastTag = 3,
   kReducescatterTag = 4,
   kAlltoallTag = 5,
-  kAdasumTag = 6
+  kAdasumTag = 6,
+  kAlgorithmsTag = 7  // AllreduceAlgorithms: tags 7 * 4096 + 0..1023
 };
 int Tag(TagKind kind, int step) { return kind * 4096 + (step & 4095); }
 
@@ -164,7 +166,8 @@ Status WaitFor(Communicator& comm, CommRequestPtr* req, const char* what) {
 class RingDataPlane : public DataPlane {
  public:
   RingDataPlane(std::shared_ptr<Communicator> comm, const RingOptions& opt)
-      : comm_(std::move(comm)), adasum_p2p_(comm_, Tag(kAdasumTag, 0)), opt_(opt),
+      : comm_(std::move(comm)), adasum_p2p_(comm_, Tag(kAdasumTag, 0)),
+        algorithms_(comm_, Tag(kAlgorithmsTag, 0)), opt_(opt),
         window_(opt.window > 0 ? opt.window : kDefaultWindow) {}
 
   const char* name() const override { return "ring"; }
@@ -208,9 +211,15 @@ class RingDataPlane : public DataPlane {
   };
 
   Status Run(const Plan& plan);
+  Status RingAllreduce(const void* input, void* output, int64_t count, DataType dtype,
+                       ReduceOp op);
 
   std::shared_ptr<Communicator> comm_;
   CommPointToPoint adasum_p2p_;
+  AllreduceAlgorithms algorithms_;
+  // AUTO's model inputs, measured at the first allreduce.
+  bool costs_measured_ = false;
+  LinkCosts costs_;
   std::vector<char> adasum_scratch_;
   RingOptions opt_;
   int window_;
@@ -313,6 +322,32 @@ Status RingDataPlane::Run(const Plan& p) {
 Status RingDataPlane::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                                 ReduceOp op) {
   TFRING_RETURN_IF_ERROR(CheckReduceOp(op, "allreduce"));
+  const int n = comm_->size();
+  if (count <= 0 || n == 1) return RingAllreduce(input, output, count, dtype, op);
+  AllreduceAlgorithm algorithm = opt_.allreduce;
+  if (algorithm == AllreduceAlgorithm::AUTO) {
+    // Every rank of the set makes its first allreduce call together, so
+    // the measurement (collective) happens at the same point on all.
+    if (!costs_measured_) {
+      TFRING_RETURN_IF_ERROR(algorithms_.MeasureLinkCosts(&costs_));
+      costs_measured_ = true;
+    }
+    algorithm = ChooseAllreduceAlgorithm(n, count * DataTypeSize(dtype), costs_);
+  }
+  switch (algorithm) {
+    case AllreduceAlgorithm::RECURSIVE_DOUBLING:
+      return algorithms_.RecursiveDoubling(input, output, count, dtype, op);
+    case AllreduceAlgorithm::RABENSEIFNER:
+      return algorithms_.Rabenseifner(input, output, count, dtype, op);
+    case AllreduceAlgorithm::AUTO:
+    case AllreduceAlgorithm::RING:
+      break;
+  }
+  return RingAllreduce(input, output, count, dtype, op);
+}
+
+Status RingDataPlane::RingAllreduce(const void* input, void* output, int64_t count,
+                                    DataType dtype, ReduceOp op) {
   const int n = comm_->size(), r = comm_->rank();
   if (count <= 0) return Status::OK();
   const int64_t esize = DataTypeSize(dtype);
@@ -589,9 +624,11 @@ Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, bool duplicate,
 
 }  // namespace ring_internal
 
-Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, std::unique_ptr<DataPlane>* out) {
-  return ring_internal::CreateRingDataPlane(std::move(comm), true, ring_internal::RingOptions(),
-                                            out);
+Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, std::unique_ptr<DataPlane>* out,
+                           AllreduceAlgorithm allreduce) {
+  ring_internal::RingOptions options;
+  options.allreduce = allreduce;
+  return ring_internal::CreateRingDataPlane(std::move(comm), true, options, out);
 }
 
 }  // namespace tfring

@@ -2,7 +2,8 @@
 // so that any transport gets them: MPI and our own TCP alike.
 //
 // The ring plane runs allreduce as a segmented, pipelined ring (scatter-reduce
-// then allgather), allgather, broadcast and reducescatter as rings (or a
+// then allgather, or by size recursive doubling or Rabenseifner: see
+// allreduce_algorithms.h), allgather, broadcast and reducescatter as rings (or a
 // chain) too, alltoall as pairwise exchanges, barrier through BarrierP2P and
 // Adasum through pairwise exchanges. It is complete, so it can be a
 // transport's neutral fallback plane as well as the cross-host plane. The
@@ -17,20 +18,26 @@
 #include <string>
 #include <vector>
 
+#include "../config.h"
 #include "../transport/communicator.h"
 #include "data_plane.h"
 
 namespace tfring {
 
 // Collective over comm: duplicates it so that ring messages never match any
-// other traffic.
-Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, std::unique_ptr<DataPlane>* out);
+// other traffic. `allreduce` is what Allreduce runs (allreduce_algorithms.h):
+// AUTO measures the set's link costs at the first allreduce and then takes,
+// for each message, the algorithm the model predicts fastest.
+Status CreateRingDataPlane(std::shared_ptr<Communicator> comm, std::unique_ptr<DataPlane>* out,
+                           AllreduceAlgorithm allreduce = AllreduceAlgorithm::AUTO);
 
 // `hosts[i]` is the host of the set's rank i (TFRING_HOSTNAME overrides it,
 // which is how tests fake several hosts on one machine). Collective over comm.
+// Its cross-host stage runs `allreduce` among the hosts.
 Status CreateHierarchicalDataPlane(std::shared_ptr<Communicator> comm,
                                    const std::vector<std::string>& hosts,
-                                   std::unique_ptr<DataPlane>* out);
+                                   std::unique_ptr<DataPlane>* out,
+                                   AllreduceAlgorithm allreduce = AllreduceAlgorithm::AUTO);
 
 namespace ring_internal {
 
@@ -42,6 +49,8 @@ struct RingOptions {
   int64_t segment_bytes = 0;
   // Receives kept posted ahead of the one being reduced; 0 = default.
   int window = 0;
+  // What Allreduce runs (see CreateRingDataPlane above).
+  AllreduceAlgorithm allreduce = AllreduceAlgorithm::AUTO;
 };
 
 // `duplicate` false uses `comm` itself (it must be private to the plane).

@@ -20,6 +20,7 @@
 #include "../transport/tcp/tcp_communicator.h"
 #include "check.h"
 #include "tcp_exchange.h"
+#include "tcp_threads.h"
 
 using namespace tfring;
 using namespace tfring::tcp;
@@ -28,36 +29,6 @@ using namespace tfring::test;
 namespace {
 
 const std::string kSecret = "0123456789abcdef0123456789abcdef";
-
-// ---------------------------------------------------------------------------
-// In-process worlds: one thread per rank.
-
-void RunThreads(int n, const TcpOptions& options,
-                const std::function<void(int, std::shared_ptr<Communicator>&)>& body) {
-  std::vector<std::unique_ptr<TcpListener>> listeners(n);
-  std::vector<TcpPeer> peers(n);
-  for (int i = 0; i < n; ++i) {
-    Status s = TcpListener::Open("127.0.0.1", 0, &listeners[i]);
-    CHECK(s.ok());
-    if (!s.ok()) return;
-    peers[i].addr = listeners[i]->address();
-    peers[i].host = "thread-host-" + std::to_string(i);
-  }
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      std::shared_ptr<Communicator> world;
-      Status s = ConnectTcpWorld(i, peers, std::move(listeners[i]), options, &world);
-      CHECK(s.ok());
-      if (!s.ok()) {
-        std::fprintf(stderr, "connect: %s\n", s.message().c_str());
-        return;
-      }
-      body(i, world);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
 
 void TestInProcess() {
   TcpOptions options;

@@ -1,0 +1,103 @@
+// Allreduce algorithms beside the ring, over point-to-point messages
+// (transport/communicator.h) so that every transport gets them, and the
+// alpha-beta-gamma model that chooses among them and the ring.
+//
+// The ring (ring_data_plane.cc) moves the least data, 2(p-1)/p of the
+// buffer per rank, but pays 2(p-1) hops: at small sizes the hops are the
+// cost. Recursive doubling pays ceil(log2 p) hops and moves the whole buffer
+// at each; Rabenseifner's reduce-scatter by recursive halving and allgather
+// by recursive doubling pays 2 log2 p hops and moves what the ring moves.
+// A non-power-of-two p is folded to the largest power of two p' below it
+// first (MPICH's way): of the first 2(p-p') ranks, each even one hands its
+// buffer to the odd one above it, sits out, and gets the result back at the
+// end: two more hops of the whole buffer.
+//
+// Both give every rank the same bits: each pairwise combination is computed
+// as (lower rank's side) op (higher rank's side) on both ranks that compute
+// it, and Rabenseifner reduces each block on one rank only. The bits differ
+// from the ring's for floating point sums and products, whose order they
+// change (the ring adds a block in ring order starting at its owner).
+#ifndef TFRING_COMMON_OPS_ALLREDUCE_ALGORITHMS_H
+#define TFRING_COMMON_OPS_ALLREDUCE_ALGORITHMS_H
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "../common.h"
+#include "../config.h"
+#include "../status.h"
+#include "../transport/communicator.h"
+
+namespace tfring {
+
+// The Hockney model's costs of one set's links, in seconds: a message of n
+// bytes from one rank to the next costs alpha + n * beta, and reducing n
+// bytes into a buffer costs n * gamma.
+struct LinkCosts {
+  double alpha = 0;
+  double beta = 0;
+  double gamma = 0;
+};
+
+// The model's time for `algorithm` (not AUTO) over `ranks` ranks and
+// `bytes` bytes. The ring overlaps each piece's reduction with the next
+// piece's transfer (its pipeline); the others reduce a whole message after
+// it has arrived.
+double PredictAllreduceSeconds(AllreduceAlgorithm algorithm, int ranks, int64_t bytes,
+                               const LinkCosts& costs);
+// The algorithm the model predicts fastest (the ring on a tie).
+AllreduceAlgorithm ChooseAllreduceAlgorithm(int ranks, int64_t bytes, const LinkCosts& costs);
+
+// Recursive doubling and Rabenseifner on one communicator, with tags from
+// `tag_base` to tag_base + 1023 to themselves. Inputs and outputs as for
+// DataPlane::Allreduce; `op` is SUM, MIN, MAX or PRODUCT. Collective:
+// every rank calls the same algorithm with the same count.
+class AllreduceAlgorithms {
+ public:
+  AllreduceAlgorithms(std::shared_ptr<Communicator> comm, int tag_base)
+      : comm_(std::move(comm)), tag_base_(tag_base) {}
+
+  Status RecursiveDoubling(const void* input, void* output, int64_t count, DataType dtype,
+                           ReduceOp op);
+  Status Rabenseifner(const void* input, void* output, int64_t count, DataType dtype,
+                      ReduceOp op);
+  // Measures this set's link costs (collective): every rank times a ring
+  // hop (a message to the right, one from the left) with a small and a
+  // large message, and a local reduction; every rank then gets the largest
+  // of each over the ranks, so all choose alike.
+  Status MeasureLinkCosts(LinkCosts* out);
+
+ private:
+  // Where this rank stands after the fold: its rank among the p' ranks that
+  // run the butterfly, or -1 when it handed its buffer on.
+  struct Fold {
+    int pow2 = 1;   // p'
+    int extra = 0;  // p - p'
+    int vrank = -1;
+  };
+  int RealRank(const Fold& f, int vrank) const {
+    return vrank < f.extra ? 2 * vrank + 1 : vrank + f.extra;
+  }
+  // The fold: `*cur` becomes the output when this rank reduced a partner's
+  // buffer into it.
+  Status FoldIn(const char* in, char* out, int64_t count, DataType dtype, ReduceOp op, Fold* f,
+                const char** cur);
+  // The result back to the rank that sat out.
+  Status FoldOut(const Fold& f, char* out, int64_t bytes);
+  Status Exchange(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes, int peer,
+                  int tag);
+  // dst = (lower rank's side) op (higher rank's side).
+  Status Combine(char* dst, const char* mine, const char* theirs, bool mine_lower, int64_t count,
+                 DataType dtype, ReduceOp op);
+  int Tag(int step) const { return tag_base_ + step; }
+
+  std::shared_ptr<Communicator> comm_;
+  int tag_base_;
+  std::vector<char> scratch_;       // what a partner sent
+  std::vector<int64_t> off_, len_;  // Rabenseifner's blocks (elements)
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_COMMON_OPS_ALLREDUCE_ALGORITHMS_H
