@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tfring.common.process_sets import global_process_set
 from tfring.tensorflow import mpi_ops
+from tfring.common.compression import check_compression
 from tfring.tensorflow.compression import Compression
 
 
@@ -17,7 +18,7 @@ class GradientReducer:
     """Reduces gradients across the ranks of a process set.
 
     Args:
-        compression: Compression.none or Compression.fp16.
+        compression: Compression.none, fp16, bf16 or powersgd(...).
         sparse_as_dense: reduce IndexedSlices as dense tensors (one allreduce)
             instead of two allgathers.
         op: hvd.Average, hvd.Sum or hvd.Adasum (see mpi_ops.allreduce).
@@ -33,6 +34,7 @@ class GradientReducer:
 
     Raises:
         ValueError: a bad op, predivide factor or group.
+        TypeError: `compression` is not a compressor.
     """
 
     def __init__(self, compression=Compression.none, sparse_as_dense=False, op=mpi_ops.Average,
@@ -45,7 +47,7 @@ class GradientReducer:
             raise ValueError("gradient_predivide_factor needs op=hvd.Average.")
         if isinstance(groups, int) and groups <= 0:
             raise ValueError("groups must be a positive number of groups or a list of lists.")
-        self.compression = compression or Compression.none
+        self.compression = check_compression(compression, name, stateful_ok=True)
         self.sparse_as_dense = sparse_as_dense
         self.op = op
         self.prescale = 1.0 / gradient_predivide_factor

@@ -13,7 +13,8 @@ import torch
 
 import tfring.core as _core
 from tfring.torch import mpi_ops
-from tfring.torch.compression import Compression
+from tfring.common.compression import check_compression
+from tfring.torch.compression import Compression, predivide
 from tfring.torch.mpi_ops import Adasum, Average, Sum, global_process_set
 
 
@@ -45,7 +46,8 @@ class _DistributedOptimizer:
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
         self._names = names
-        self._compression = compression
+        self._compression = check_compression(compression, "DistributedOptimizer",
+                                              stateful_ok=True)
         self._passes = int(backward_passes_per_step)
         self._op = op
         self._prescale = 1.0 / gradient_predivide_factor
@@ -135,12 +137,14 @@ class _DistributedOptimizer:
             parts.append((handle, [(p, None)]))
         dense = [p for p, grad in zip(params, grads) if not grad.is_sparse]
         if dense:
-            compressed = [self._compression.compress(p.grad) for p in dense]
+            sent, op, prescale = predivide([p.grad for p in dense], self._compression, self._op,
+                                           self._prescale, self._process_set)
+            compressed = [self._compression.compress(t) for t in sent]
             # In place, as Horovod does: uncompressed, each gradient is reduced
             # in its own .grad (no new tensor, no copy back).
             handle = mpi_ops.grouped_allreduce_async_(
-                [c[0] for c in compressed], name=self._group_name(g), op=self._op,
-                prescale_factor=self._prescale, postscale_factor=self._postscale,
+                [c[0] for c in compressed], name=self._group_name(g), op=op,
+                prescale_factor=prescale, postscale_factor=self._postscale,
                 process_set=self._process_set)
             parts.append((handle, [(p, c[1]) for p, c in zip(dense, compressed)]))
         self._pending[g] = parts
@@ -237,7 +241,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         optimizer: a torch.optim.Optimizer.
         named_parameters: ``model.named_parameters()``: names the
             allreduces (default: numbered in parameter order).
-        compression: Compression.none or Compression.fp16.
+        compression: Compression.none, fp16 or bf16 (see
+            tfring.torch.compression).
         backward_passes_per_step: backward passes whose gradients torch sums
             locally before one allreduce.
         op: Average (default), Sum or Adasum.

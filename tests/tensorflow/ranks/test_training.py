@@ -34,6 +34,26 @@ def test_distributed_gradient_tape_matches_single_process(rank, size, in_functio
     assert_trained_like_reference(w.numpy(), b.numpy(), size)
 
 
+@pytest.mark.parametrize("name,tol", [("fp16", 2e-3), ("bf16", 2e-2)])
+def test_distributed_gradient_tape_with_16bit_compression(rank, size, name, tol):
+    x, y = global_data(size)
+    w0, b0 = initial_weights(rank)
+    w, b = tf.Variable(w0), tf.Variable(b0)
+    hvd.broadcast_variables([w, b], root_rank=0)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(xb, w) + b - yb))
+        tape = hvd.DistributedGradientTape(tape, compression=getattr(hvd.Compression, name))
+        gw, gb = tape.gradient(loss, [w, b])
+        w.assign_sub(LR * gw)
+        b.assign_sub(LR * gb)
+    for s in range(STEPS):
+        step(local_batch(x, s, rank, size), local_batch(y, s, rank, size))
+    assert_trained_like_reference(w.numpy(), b.numpy(), size, rtol=tol, atol=tol)
+
+
 def test_partial_tape_keeps_local_gradients_local(rank, size):
     shared = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
     local = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
