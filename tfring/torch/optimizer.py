@@ -52,6 +52,9 @@ class _DistributedOptimizer:
         self._op = op
         self._prescale = 1.0 / gradient_predivide_factor
         self._postscale = float(gradient_predivide_factor)
+        self._stateful = getattr(self._compression, "stateful", False)
+        if self._stateful:
+            self._compression.check_reduction(op == Average, "DistributedOptimizer")
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._groups = self._make_groups(params, groups)
@@ -100,6 +103,8 @@ class _DistributedOptimizer:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before "
                 "step() or synchronize(): raise backward_passes_per_step, or call step()")
+        if self._stateful:
+            return  # reduced all together in synchronize()
         g = self._group_of[key]
         ready = self._ready.setdefault(g, [])
         ready.append(p)
@@ -166,6 +171,14 @@ class _DistributedOptimizer:
             >>> with optimizer.skip_synchronize():
             ...     optimizer.step()
         """
+        if self._stateful and not self._skip_hooks():
+            try:
+                self._reduce_stateful()
+            finally:
+                for key in self._countdown:
+                    self._countdown[key] = self._passes
+            self._synchronized = True
+            return
         if not self._skip_hooks():
             for g in range(len(self._groups)):
                 if g not in self._pending:
@@ -188,6 +201,50 @@ class _DistributedOptimizer:
             for key in self._countdown:
                 self._countdown[key] = self._passes
         self._synchronized = True
+
+    def _reduce_stateful(self):
+        """All gradients through a stateful compressor (PowerSGD), which
+        needs every gradient of the step at once: it sends them in two
+        requests (the P matrices with the uncompressed gradients, then the
+        Q matrices), after backward() rather than overlapped with it."""
+        params = [p for group in self._groups for p in group]
+        grads = [self._grad(p) for p in params]
+        if any(g.is_sparse for g in grads):
+            raise ValueError("tfring: Compression.powersgd needs dense gradients: pass "
+                             "sparse_as_dense=True")
+        ps = self._process_set
+
+        def allreduce_mean(tensors):
+            return mpi_ops.synchronize(mpi_ops.grouped_allreduce_async(
+                tensors, op=Average, prescale_factor=self._prescale,
+                postscale_factor=self._postscale, process_set=ps))
+        rank = (ps.rank() if ps is not None and ps is not global_process_set
+                else _core.rank())
+        reduced = self._compression.reduce(
+            [(self._names[id(p)], g) for p, g in zip(params, grads)], allreduce_mean, rank)
+        with torch.no_grad():
+            for p, r in zip(params, reduced):
+                p.grad.copy_(r)
+
+    def state_dict(self):
+        """The wrapped optimizer's state_dict(), plus a stateful
+        compressor's state (PowerSGD's) under "tfring_compression"."""
+        state = super().state_dict()
+        if self._stateful:
+            state["tfring_compression"] = self._compression.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict(); a stateful compressor's part goes to it
+        (see tfring.torch.powersgd.PowerSGD.load_state_dict)."""
+        state_dict = dict(state_dict)
+        compression = state_dict.pop("tfring_compression", None)
+        if compression is not None and self._stateful:
+            ps = self._process_set
+            rank = (ps.rank() if ps is not None and ps is not global_process_set
+                    else _core.rank())
+            self._compression.load_state_dict(compression, rank)
+        return super().load_state_dict(state_dict)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -241,8 +298,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         optimizer: a torch.optim.Optimizer.
         named_parameters: ``model.named_parameters()``: names the
             allreduces (default: numbered in parameter order).
-        compression: Compression.none, fp16 or bf16 (see
-            tfring.torch.compression).
+        compression: Compression.none, fp16, bf16 or powersgd(...) (see
+            tfring.torch.compression; PowerSGD needs op=Average and reduces
+            after backward(), not overlapped with it).
         backward_passes_per_step: backward passes whose gradients torch sums
             locally before one allreduce.
         op: Average (default), Sum or Adasum.
