@@ -48,9 +48,31 @@ class BF16Compressor(_CastCompressor):
     keep = (tf.float16,)
 
 
+def powersgd(rank=1, start_step=10, min_compression_rate=2.0, warm_start=True, seed=0):
+    """A new PowerSGD compressor (tfring.common.powersgd) for one
+    DistributedOptimizer or DistributedGradientTape; arguments as
+    PowerSGDSettings. Its state: see tfring.tensorflow.powersgd.
+
+    Raises:
+        ValueError, TypeError: a bad setting.
+
+    Example:
+        >>> hvd.Compression.powersgd(rank=2, start_step=100)
+    """
+    from tfring.tensorflow.powersgd import PowerSGD
+    return PowerSGD(rank=rank, start_step=start_step, min_compression_rate=min_compression_rate,
+                    warm_start=warm_start, seed=seed)
+
+
+powersgd.is_compressor_factory = True
+
+
 class Compression:
-    """The available compressors: ``none``, ``fp16`` and ``bf16``."""
+    """The compressors: ``none``, ``fp16`` (Horovod's), ``bf16`` and
+    ``powersgd(rank=..., start_step=...)`` (stateful: a new one per
+    optimizer or tape)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+    powersgd = staticmethod(powersgd)

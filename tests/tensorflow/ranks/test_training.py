@@ -54,6 +54,32 @@ def test_distributed_gradient_tape_with_16bit_compression(rank, size, name, tol)
     assert_trained_like_reference(w.numpy(), b.numpy(), size, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_distributed_gradient_tape_with_powersgd(rank, size, in_function):
+    """Gradients u v_r^T average to a rank-1 matrix, which rank-1 PowerSGD
+    gets exactly; step 1 (before start_step) is uncompressed."""
+    u = np.arange(1.0, 9.0, dtype=np.float32)
+    vs = [np.random.RandomState(r).randn(6).astype(np.float32) for r in range(size)]
+    w = tf.Variable(tf.zeros([8, 6]))
+    bias = tf.Variable(tf.zeros([3]))
+    compression = hvd.Compression.powersgd(rank=1, start_step=1)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * np.outer(u, vs[rank])) + tf.reduce_sum(bias) * rank
+        return hvd.DistributedGradientTape(tape, compression=compression).gradient(
+            loss, [w, bias])
+    if in_function:
+        step = tf.function(step)
+    expected = np.outer(u, np.mean(vs, 0))
+    for _ in range(3):
+        gw, gb = step()
+        np.testing.assert_allclose(gw.numpy(), expected, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(gb.numpy(), np.full([3], np.mean(range(size))), rtol=1e-6)
+    assert int(compression.step.numpy()) == 3
+    assert compression.errors[1] is None  # rank 1: sent uncompressed
+
+
 def test_partial_tape_keeps_local_gradients_local(rank, size):
     shared = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
     local = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
