@@ -215,7 +215,8 @@ def _predivide(tensors, compression, op, prescale_factor, process_set):
     returns the tensors (multiplied by prescale/size when it applies), op
     and prescale factor to reduce them with. It applies only when every
     tensor is floating point, since one request has one op."""
-    if not tensors or not all(t.dtype.is_floating for t in tensors):
+    if not getattr(compression, "predivide", False) or not tensors or not all(
+            t.dtype.is_floating for t in tensors):
         return tensors, op, prescale_factor
     factor, op, prescale_factor = predivide_plan(compression, op, Average, Sum, prescale_factor,
                                                  process_set.size)

@@ -54,7 +54,10 @@ def predivide(tensors, compression, op, prescale_factor, process_set):
     predivided, since one request has one op."""
     import tfring.core as _core
     from tfring.torch.mpi_ops import Average, Sum
-    if not tensors or not all(t.dtype.is_floating_point for t in tensors):
+    # Anything but floating tensors goes on as it is, for the collective's own
+    # checks to refuse (a non-tensor is a TypeError there).
+    if not getattr(compression, "predivide", False) or not tensors or not all(
+            isinstance(t, torch.Tensor) and t.dtype.is_floating_point for t in tensors):
         return tensors, op, prescale_factor
     factor, op, prescale_factor = predivide_plan(
         compression, op, Average, Sum, prescale_factor,
