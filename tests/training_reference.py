@@ -78,10 +78,10 @@ def reference(size, steps=STEPS, accumulate=1, lr=LR, first_step_from_own_weight
     return w, b
 
 
-def assert_trained_like_reference(w, b, size, **kwargs):
+def assert_trained_like_reference(w, b, size, rtol=1e-5, atol=1e-6, **kwargs):
     ref_w, ref_b = reference(size, **kwargs)
-    np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(b, ref_b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w, ref_w, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(b, ref_b, rtol=rtol, atol=atol)
     everyone = hvd.allgather_object((np.asarray(w).tolist(), np.asarray(b).tolist()))
     assert all(e == everyone[0] for e in everyone), "ranks ended with different weights"
 

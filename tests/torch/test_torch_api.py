@@ -44,16 +44,19 @@ def test_horovod_torch_names_exist(torch_ready):
         assert hasattr(hvd.elastic, n), n
 
 
-def test_fp16_compression_round_trip(torch_ready):
+@pytest.mark.parametrize("name,wire", [("fp16", "float16"), ("bf16", "bfloat16")])
+def test_16bit_compression_round_trip(torch_ready, name, wire):
     import torch
 
     from tfring.torch import Compression
+    compressor = getattr(Compression, name)
     x = torch.tensor([1.5, -2.25], dtype=torch.float64)
-    sent, ctx = Compression.fp16.compress(x)
-    assert sent.dtype == torch.float16
-    assert torch.equal(Compression.fp16.decompress(sent, ctx), x)
+    sent, ctx = compressor.compress(x)
+    assert sent.dtype == getattr(torch, wire)
+    assert torch.equal(compressor.decompress(sent, ctx), x)
     ints = torch.arange(3)
-    assert Compression.fp16.compress(ints)[0] is ints
+    assert compressor.compress(ints)[0] is ints
+    assert compressor.predivide
 
 
 def test_distributed_optimizer_checks_its_arguments(torch_ready):
@@ -68,3 +71,6 @@ def test_distributed_optimizer_checks_its_arguments(torch_ready):
         hvd.DistributedOptimizer(opt, op=hvd.Min)
     with pytest.raises(ValueError, match="predivide"):
         hvd.DistributedOptimizer(opt, op=hvd.Sum, gradient_predivide_factor=2.0)
+    for bad in ("fp16", 16):
+        with pytest.raises(TypeError, match="compression must be a Compressor"):
+            hvd.DistributedOptimizer(opt, compression=bad)

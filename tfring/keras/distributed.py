@@ -76,6 +76,16 @@ class _DistributedMixin:
 
 
 class _Keras3Mixin(_DistributedMixin):
+    def build(self, variables):
+        super().build(variables)
+        compression = self._tfring_settings["compression"]
+        if getattr(compression, "stateful", False):
+            # PowerSGD's state as optimizer variables: saved and restored with
+            # the optimizer's own (model.save, tf.train.Checkpoint, elastic).
+            compression.build([v.shape for v in variables], add_variable=(
+                lambda name, shape, dtype, init: self.add_variable(
+                    shape, initializer=init, dtype=dtype, name=name)))
+
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if trainable_variables is not None:

@@ -78,7 +78,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Args:
         optimizer: the Keras optimizer to wrap (not yet used for training).
         name: optional new name for the optimizer.
-        compression: Compression.none or Compression.fp16.
+        compression: Compression.none, fp16 or bf16 (tfring.tensorflow.compression).
         sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
         gradient_predivide_factor: with op=Average, divide before the sum.
         op: hvd.Average (default), hvd.Sum or hvd.Adasum (gradients are

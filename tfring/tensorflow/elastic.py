@@ -217,6 +217,12 @@ class TensorFlowKerasState(ObjectState):
 
     def sync(self):
         _broadcast(self._variables())
+        # PowerSGD's error feedback is each rank's own residual: one rank's
+        # broadcast everywhere would count it several times in the average.
+        compression = (getattr(self.optimizer, "_tfring_settings", None) or {}).get(
+            "compression")
+        if hasattr(compression, "forget_errors") and basics.rank() != 0:
+            compression.forget_errors()
         self._save_variables()
         super().sync()
 

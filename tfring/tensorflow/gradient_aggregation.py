@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tfring.common.process_sets import global_process_set
 from tfring.tensorflow import mpi_ops
+from tfring.common.compression import check_compression
 from tfring.tensorflow.compression import Compression
 
 
@@ -17,7 +18,7 @@ class GradientReducer:
     """Reduces gradients across the ranks of a process set.
 
     Args:
-        compression: Compression.none or Compression.fp16.
+        compression: Compression.none, fp16, bf16 or powersgd(...).
         sparse_as_dense: reduce IndexedSlices as dense tensors (one allreduce)
             instead of two allgathers.
         op: hvd.Average, hvd.Sum or hvd.Adasum (see mpi_ops.allreduce).
@@ -33,6 +34,7 @@ class GradientReducer:
 
     Raises:
         ValueError: a bad op, predivide factor or group.
+        TypeError: `compression` is not a compressor.
     """
 
     def __init__(self, compression=Compression.none, sparse_as_dense=False, op=mpi_ops.Average,
@@ -45,7 +47,9 @@ class GradientReducer:
             raise ValueError("gradient_predivide_factor needs op=hvd.Average.")
         if isinstance(groups, int) and groups <= 0:
             raise ValueError("groups must be a positive number of groups or a list of lists.")
-        self.compression = compression or Compression.none
+        self.compression = check_compression(compression, name, stateful_ok=True)
+        if getattr(self.compression, "stateful", False):
+            self.compression.check_reduction(op == mpi_ops.Average, name)
         self.sparse_as_dense = sparse_as_dense
         self.op = op
         self.prescale = 1.0 / gradient_predivide_factor
@@ -57,6 +61,13 @@ class GradientReducer:
         self.local_refs = {id(v): v for v in local_variables}
         self.scale_local_gradients = scale_local_gradients
         self.name = name
+
+    def _mean(self, tensors):
+        """Averages `tensors` across the set as one request (for PowerSGD)."""
+        return mpi_ops.grouped_allreduce(tensors, op=mpi_ops.Average,
+                                         prescale_factor=self.prescale,
+                                         postscale_factor=self.postscale,
+                                         process_set=self.process_set)
 
     def add_local_variables(self, variables):
         """Keeps the gradients of `variables` (or watched tensors) local from now on."""
@@ -106,7 +117,12 @@ class GradientReducer:
                 (sparse if isinstance(g, tf.IndexedSlices) else dense).append(i)
             for i in sparse:
                 out[i] = mpi_ops.allreduce(grads[i], op=self.op, process_set=self.process_set)
-            for group in self._group_indices(dense, variables):
+            if dense and getattr(self.compression, "stateful", False):
+                # PowerSGD: all of the step's gradients at once, in two requests.
+                for i, r in zip(dense, self.compression.reduce(grads, dense, self._mean)):
+                    out[i] = r
+                dense = []
+            for group in self._group_indices(dense, variables) if dense else []:
                 if len(group) == 1 and self.groups is None:
                     reduced = [mpi_ops.allreduce(
                         grads[group[0]], op=self.op, compression=self.compression,

@@ -88,7 +88,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     Args:
         gradtape: the tf.GradientTape (before or after recording).
         device_dense, device_sparse: accepted for Horovod compatibility.
-        compression: Compression.none or Compression.fp16.
+        compression: Compression.none, fp16 or bf16 (tfring.tensorflow.compression).
         sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
         op: hvd.Average (default), hvd.Sum or hvd.Adasum (gradients are
             combined with Adasum; see allreduce).

@@ -11,6 +11,7 @@ import re
 import tensorflow as tf
 
 from tfring.common import basics, loader, tf_errors
+from tfring.common.compression import check_compression, predivide_plan
 from tfring.common.process_sets import global_process_set, registered_id
 
 # Reduce ops: the same numbering as Horovod (and as the reduce_op attribute).
@@ -209,6 +210,21 @@ def _resolve_op(op, average, default=Average):
     return default if op is None else op
 
 
+def _predivide(tensors, compression, op, prescale_factor, process_set):
+    """Applies a predividing compressor's rule (tfring.common.compression):
+    returns the tensors (multiplied by prescale/size when it applies), op
+    and prescale factor to reduce them with. It applies only when every
+    tensor is floating point, since one request has one op."""
+    if not getattr(compression, "predivide", False) or not tensors or not all(
+            t.dtype.is_floating for t in tensors):
+        return tensors, op, prescale_factor
+    factor, op, prescale_factor = predivide_plan(compression, op, Average, Sum, prescale_factor,
+                                                 process_set.size)
+    if factor is not None:
+        tensors = [t * tf.constant(factor, t.dtype) for t in tensors]
+    return tensors, op, prescale_factor
+
+
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None,
               prescale_factor=1.0, postscale_factor=1.0, name=None,
               process_set=global_process_set, ignore_name_scope=False):
@@ -218,7 +234,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         tensor: a tf.Tensor, tf.Variable or tf.IndexedSlices.
         average: deprecated; use op.
         device_dense, device_sparse: accepted for Horovod compatibility.
-        compression: Compression.none (default) or Compression.fp16.
+        compression: Compression.none (default), Compression.fp16 or
+            Compression.bf16 (see tfring.tensorflow.compression).
         op: hvd.Average (default), Sum, Adasum, Min, Max or Product.
             IndexedSlices support Average and Sum only. Adasum (adaptive
             summation, Maleki et al. 2020) combines two ranks' tensors a, b
@@ -251,8 +268,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         >>> avg = hvd.allreduce(tf.constant([1.0, 2.0]) * (hvd.rank() + 1))
         >>> combined = hvd.allreduce(grad, op=hvd.Adasum)  # 1, 2, 4, 8, ... ranks
     """
-    from tfring.tensorflow.compression import Compression
-    compression = compression or Compression.none
+    compression = check_compression(compression, "allreduce")
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         if op == Adasum:
@@ -269,7 +285,10 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         if op == Average:
             values = values / tf.cast(process_set.size(), values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
-    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    tensor = tf.convert_to_tensor(tensor)
+    tensors, op, prescale_factor = _predivide([tensor], compression, op, prescale_factor,
+                                              process_set)
+    compressed, ctx = compression.compress(tensors[0])
     reduced = _allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
                          process_set=process_set)
@@ -287,8 +306,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     Example:
         >>> a, b = hvd.grouped_allreduce([tf.ones([2]), tf.zeros([3])], op=hvd.Sum)
     """
-    from tfring.tensorflow.compression import Compression
-    compression = compression or Compression.none
+    compression = check_compression(compression, "grouped_allreduce")
     op = _resolve_op(op, average)
     tensors = list(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
@@ -299,7 +317,10 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     for i in sparse:
         results[i] = allreduce(tensors[i], op=op, process_set=process_set,
                                ignore_name_scope=ignore_name_scope)
-    compressed = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
+    dense_tensors, op, prescale_factor = _predivide(
+        [tf.convert_to_tensor(tensors[i]) for i in dense], compression, op, prescale_factor,
+        process_set)
+    compressed = [compression.compress(t) for t in dense_tensors]
     reduced = _grouped_allreduce([c[0] for c in compressed], name=name, op=op,
                                  prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor,
@@ -489,7 +510,8 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
         tensor: a tensor with at least one dimension, the same shape on
             every rank.
         device_dense: accepted for Horovod compatibility.
-        compression: Compression.none (default) or Compression.fp16.
+        compression: Compression.none (default), Compression.fp16 or
+            Compression.bf16 (see tfring.tensorflow.compression).
         op: hvd.Average (default), Sum, Min, Max or Product.
         name, process_set, ignore_name_scope: as for allreduce().
         prescale_factor, postscale_factor: multiply before / after the sum.
@@ -506,12 +528,13 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     Example:
         >>> part = hvd.reducescatter(tf.ones([4, 2]), op=hvd.Sum)
     """
-    from tfring.tensorflow.compression import Compression
-    compression = compression or Compression.none
+    compression = check_compression(compression, "reducescatter")
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "reducescatter")
     tensor = tf.convert_to_tensor(tensor)
-    compressed, ctx = compression.compress(tensor)
+    scaled, op, prescale_factor = _predivide([tensor], compression, op, prescale_factor,
+                                             process_set)
+    compressed, ctx = compression.compress(scaled[0])
     _check_dtype(compressed, "reducescatter")
     out = _collective(
         "Reducescatter", compressed, reduce_op=op, prescale_factor=prescale_factor,

@@ -18,7 +18,8 @@ reducescatter(op)       allgather (times the set's size for Sum, as
 import torch
 
 from tfring.torch import mpi_ops
-from tfring.torch.compression import Compression
+from tfring.common.compression import check_compression
+from tfring.torch.compression import Compression, predivide
 from tfring.torch.mpi_ops import Average, Sum, global_process_set, synchronize
 
 
@@ -51,8 +52,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         average: deprecated: True is op=Average, False op=Sum.
         name: the collective's name, the same on every rank (default: one
             numbered in call order).
-        compression: Compression.none or Compression.fp16 (floating-point
-            tensors travel as float16).
+        compression: Compression.none, fp16 or bf16 (floating-point
+            tensors travel in 16 bits, divided by the set's size first
+            with op=Average; see tfring.torch.compression).
         op: Average (default), Sum, Min, Max, Product or Adasum.
         prescale_factor, postscale_factor: multiply the input before and
             the result after the reduction.
@@ -72,6 +74,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         >>> hvd.allreduce(torch.ones(3), op=hvd.Sum)   # == size() everywhere
     """
     op = mpi_ops._reduce_op(average, op)
+    compression = check_compression(compression, "allreduce")
+    (tensor,), op, prescale_factor = predivide([tensor], compression, op, prescale_factor,
+                                               process_set)
     sent, ctx = compression.compress(tensor)
     out = _Allreduce.apply(sent, op, prescale_factor, postscale_factor, name, process_set)
     return compression.decompress(out, ctx)
@@ -102,6 +107,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
         >>> a, b = hvd.grouped_allreduce([torch.ones(2), torch.zeros(3)], op=hvd.Sum)
     """
     op = mpi_ops._reduce_op(average, op)
+    compression = check_compression(compression, "grouped_allreduce")
+    tensors, op, prescale_factor = predivide(list(tensors), compression, op, prescale_factor,
+                                             process_set)
     compressed = [compression.compress(t) for t in tensors]
     out = _GroupedAllreduce.apply(op, prescale_factor, postscale_factor, name, process_set,
                                   *[c[0] for c in compressed])
@@ -298,6 +306,9 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     Example:
         >>> a, b = hvd.grouped_reducescatter([torch.ones(4, 2), torch.ones(6)], op=hvd.Sum)
     """
+    compression = check_compression(compression, "reducescatter")
+    tensors, op, prescale_factor = predivide(list(tensors), compression, op, prescale_factor,
+                                             process_set)
     compressed = [compression.compress(t) for t in tensors]
     out = _Reducescatter.apply(op, prescale_factor, postscale_factor, name, process_set,
                                *[c[0] for c in compressed])

@@ -13,7 +13,8 @@ import torch
 
 import tfring.core as _core
 from tfring.torch import mpi_ops
-from tfring.torch.compression import Compression
+from tfring.common.compression import check_compression
+from tfring.torch.compression import Compression, predivide
 from tfring.torch.mpi_ops import Adasum, Average, Sum, global_process_set
 
 
@@ -45,11 +46,15 @@ class _DistributedOptimizer:
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
         self._names = names
-        self._compression = compression
+        self._compression = check_compression(compression, "DistributedOptimizer",
+                                              stateful_ok=True)
         self._passes = int(backward_passes_per_step)
         self._op = op
         self._prescale = 1.0 / gradient_predivide_factor
         self._postscale = float(gradient_predivide_factor)
+        self._stateful = getattr(self._compression, "stateful", False)
+        if self._stateful:
+            self._compression.check_reduction(op == Average, "DistributedOptimizer")
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._groups = self._make_groups(params, groups)
@@ -98,6 +103,8 @@ class _DistributedOptimizer:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before "
                 "step() or synchronize(): raise backward_passes_per_step, or call step()")
+        if self._stateful:
+            return  # reduced all together in synchronize()
         g = self._group_of[key]
         ready = self._ready.setdefault(g, [])
         ready.append(p)
@@ -135,12 +142,14 @@ class _DistributedOptimizer:
             parts.append((handle, [(p, None)]))
         dense = [p for p, grad in zip(params, grads) if not grad.is_sparse]
         if dense:
-            compressed = [self._compression.compress(p.grad) for p in dense]
+            sent, op, prescale = predivide([p.grad for p in dense], self._compression, self._op,
+                                           self._prescale, self._process_set)
+            compressed = [self._compression.compress(t) for t in sent]
             # In place, as Horovod does: uncompressed, each gradient is reduced
             # in its own .grad (no new tensor, no copy back).
             handle = mpi_ops.grouped_allreduce_async_(
-                [c[0] for c in compressed], name=self._group_name(g), op=self._op,
-                prescale_factor=self._prescale, postscale_factor=self._postscale,
+                [c[0] for c in compressed], name=self._group_name(g), op=op,
+                prescale_factor=prescale, postscale_factor=self._postscale,
                 process_set=self._process_set)
             parts.append((handle, [(p, c[1]) for p, c in zip(dense, compressed)]))
         self._pending[g] = parts
@@ -162,6 +171,14 @@ class _DistributedOptimizer:
             >>> with optimizer.skip_synchronize():
             ...     optimizer.step()
         """
+        if self._stateful and not self._skip_hooks():
+            try:
+                self._reduce_stateful()
+            finally:
+                for key in self._countdown:
+                    self._countdown[key] = self._passes
+            self._synchronized = True
+            return
         if not self._skip_hooks():
             for g in range(len(self._groups)):
                 if g not in self._pending:
@@ -184,6 +201,50 @@ class _DistributedOptimizer:
             for key in self._countdown:
                 self._countdown[key] = self._passes
         self._synchronized = True
+
+    def _reduce_stateful(self):
+        """All gradients through a stateful compressor (PowerSGD), which
+        needs every gradient of the step at once: it sends them in two
+        requests (the P matrices with the uncompressed gradients, then the
+        Q matrices), after backward() rather than overlapped with it."""
+        params = [p for group in self._groups for p in group]
+        grads = [self._grad(p) for p in params]
+        if any(g.is_sparse for g in grads):
+            raise ValueError("tfring: Compression.powersgd needs dense gradients: pass "
+                             "sparse_as_dense=True")
+        ps = self._process_set
+
+        def allreduce_mean(tensors):
+            return mpi_ops.synchronize(mpi_ops.grouped_allreduce_async(
+                tensors, op=Average, prescale_factor=self._prescale,
+                postscale_factor=self._postscale, process_set=ps))
+        rank = (ps.rank() if ps is not None and ps is not global_process_set
+                else _core.rank())
+        reduced = self._compression.reduce(
+            [(self._names[id(p)], g) for p, g in zip(params, grads)], allreduce_mean, rank)
+        with torch.no_grad():
+            for p, r in zip(params, reduced):
+                p.grad.copy_(r)
+
+    def state_dict(self):
+        """The wrapped optimizer's state_dict(), plus a stateful
+        compressor's state (PowerSGD's) under "tfring_compression"."""
+        state = super().state_dict()
+        if self._stateful:
+            state["tfring_compression"] = self._compression.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict(); a stateful compressor's part goes to it
+        (see tfring.torch.powersgd.PowerSGD.load_state_dict)."""
+        state_dict = dict(state_dict)
+        compression = state_dict.pop("tfring_compression", None)
+        if compression is not None and self._stateful:
+            ps = self._process_set
+            rank = (ps.rank() if ps is not None and ps is not global_process_set
+                    else _core.rank())
+            self._compression.load_state_dict(compression, rank)
+        return super().load_state_dict(state_dict)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -237,7 +298,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         optimizer: a torch.optim.Optimizer.
         named_parameters: ``model.named_parameters()``: names the
             allreduces (default: numbered in parameter order).
-        compression: Compression.none or Compression.fp16.
+        compression: Compression.none, fp16, bf16 or powersgd(...) (see
+            tfring.torch.compression; PowerSGD needs op=Average and reduces
+            after backward(), not overlapped with it).
         backward_passes_per_step: backward passes whose gradients torch sums
             locally before one allreduce.
         op: Average (default), Sum or Adasum.

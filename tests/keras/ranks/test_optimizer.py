@@ -68,6 +68,19 @@ def test_sum_and_predivide(rank, size):
     assert_trained_like_reference(*fit_distributed(rank, size, opt).get_weights(), size)
 
 
+# Gradients travel rounded to 11 (fp16) or 8 (bf16) bits of mantissa.
+COMPRESSION_TOLERANCE = {"fp16": 2e-3, "bf16": 2e-2}
+
+
+@pytest.mark.parametrize("name", sorted(COMPRESSION_TOLERANCE))
+def test_fit_with_16bit_compression(rank, size, name):
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR),
+                                   compression=getattr(hvd.Compression, name))
+    tol = COMPRESSION_TOLERANCE[name]
+    assert_trained_like_reference(*fit_distributed(rank, size, opt).get_weights(), size,
+                                  rtol=tol, atol=tol)
+
+
 def optimizer_factories():
     factories = {
         "sgd_momentum": lambda: keras.optimizers.SGD(LR, momentum=0.9, nesterov=True),

@@ -406,3 +406,15 @@ def test_collectives_after_shutdown_then_init_again(rank, size):
         expect_precondition(call, stopped, cause=Cause.NOT_INITIALIZED)
     hvd.init()
     assert hvd.is_initialized()
+
+
+@pytest.mark.parametrize("bad", ["fp16", 16], ids=["string", "int"])
+def test_bad_compression_is_refused_at_construction(bad):
+    """Before any collective, on every rank, naming the argument."""
+    match = "compression must be a Compressor"
+    with pytest.raises(TypeError, match=match):
+        hvd.DistributedGradientTape(tf.GradientTape(), compression=bad)
+    with pytest.raises(TypeError, match=match):
+        hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=bad)
+    with pytest.raises(TypeError, match=match):
+        hvd.allreduce(tf.ones([2]), compression=bad)

@@ -79,6 +79,25 @@ def test_allreduce_fp16_compression(rank, size):
     assert_close(out, expected_reduction(hvd.Sum, tf.float32, size), tf.float16)
 
 
+@pytest.mark.parametrize("name,big", [("fp16", 60000.0), ("bf16", 2.0e38)])
+def test_16bit_compression_divides_before_the_sum(name, big, mode, rank, size):
+    """Each rank's value fits the 16-bit type, their sum does not (nor, for
+    bf16, float32's); the average does. Multiples of size are exact after
+    the division, so their average is bit-exact."""
+    compression = getattr(hvd.Compression, name)
+    v = np.array([1.0, 0.5, 2.0 ** -10, 384.0], np.float32)
+
+    def build():
+        big_avg = hvd.allreduce(tf.fill([3], big), compression=compression)
+        exact = hvd.grouped_allreduce([tf.constant(size * (rank + 1) * v)],
+                                      compression=compression)
+        return big_avg, exact[0]
+    big_avg, exact = run(mode, build)
+    np.testing.assert_allclose(big_avg, np.full([3], big, np.float32), rtol=1e-2)
+    np.testing.assert_array_equal(exact, v * (size * (size + 1) // 2))
+    assert exact.dtype == np.float32
+
+
 def test_many_allreduces_fused_in_one_function(rank, size):
     @tf.function
     def step():

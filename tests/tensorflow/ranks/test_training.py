@@ -34,6 +34,52 @@ def test_distributed_gradient_tape_matches_single_process(rank, size, in_functio
     assert_trained_like_reference(w.numpy(), b.numpy(), size)
 
 
+@pytest.mark.parametrize("name,tol", [("fp16", 2e-3), ("bf16", 2e-2)])
+def test_distributed_gradient_tape_with_16bit_compression(rank, size, name, tol):
+    x, y = global_data(size)
+    w0, b0 = initial_weights(rank)
+    w, b = tf.Variable(w0), tf.Variable(b0)
+    hvd.broadcast_variables([w, b], root_rank=0)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(xb, w) + b - yb))
+        tape = hvd.DistributedGradientTape(tape, compression=getattr(hvd.Compression, name))
+        gw, gb = tape.gradient(loss, [w, b])
+        w.assign_sub(LR * gw)
+        b.assign_sub(LR * gb)
+    for s in range(STEPS):
+        step(local_batch(x, s, rank, size), local_batch(y, s, rank, size))
+    assert_trained_like_reference(w.numpy(), b.numpy(), size, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_distributed_gradient_tape_with_powersgd(rank, size, in_function):
+    """Gradients u v_r^T average to a rank-1 matrix, which rank-1 PowerSGD
+    gets exactly; step 1 (before start_step) is uncompressed."""
+    u = np.arange(1.0, 9.0, dtype=np.float32)
+    vs = [np.random.RandomState(r).randn(6).astype(np.float32) for r in range(size)]
+    w = tf.Variable(tf.zeros([8, 6]))
+    bias = tf.Variable(tf.zeros([3]))
+    compression = hvd.Compression.powersgd(rank=1, start_step=1)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * np.outer(u, vs[rank])) + tf.reduce_sum(bias) * rank
+        return hvd.DistributedGradientTape(tape, compression=compression).gradient(
+            loss, [w, bias])
+    if in_function:
+        step = tf.function(step)
+    expected = np.outer(u, np.mean(vs, 0))
+    for _ in range(3):
+        gw, gb = step()
+        np.testing.assert_allclose(gw.numpy(), expected, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(gb.numpy(), np.full([3], np.mean(range(size))), rtol=1e-6)
+    assert int(compression.step.numpy()) == 3
+    assert compression.errors[1] is None  # rank 1: sent uncompressed
+
+
 def test_partial_tape_keeps_local_gradients_local(rank, size):
     shared = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
     local = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)

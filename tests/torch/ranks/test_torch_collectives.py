@@ -37,6 +37,25 @@ def test_allreduce_scale_factors_and_fp16_compression(dtype, rank, size):
     assert_close(out, every_rank(size).sum(0) * 1.5, dtype, "scaled fp16")
 
 
+@pytest.mark.parametrize("name,big", [("fp16", 60000.0), ("bf16", 2.0e38)])
+def test_16bit_compression_divides_before_the_sum(name, big, rank, size):
+    """Each rank's value fits the 16-bit type, their sum does not (nor, for
+    bf16, float32's); the average does. Multiples of size are exact after
+    the division, so their average is bit-exact."""
+    compression = getattr(hvd.Compression, name)
+    out = hvd.allreduce(torch.full((3,), big), compression=compression)
+    torch.testing.assert_close(out, torch.full((3,), big), rtol=1e-2, atol=0)
+    v = torch.tensor([1.0, 0.5, 2.0 ** -10, 384.0])
+    x = size * (rank + 1) * v
+    exact = hvd.grouped_allreduce([x], compression=compression)[0]
+    assert torch.equal(exact, v * (size * (size + 1) // 2)), exact
+    opt_grad = torch.nn.Parameter(torch.zeros(4))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([opt_grad], lr=1.0), compression=compression)
+    opt_grad.grad = x.clone()
+    opt.synchronize()
+    assert torch.equal(opt_grad.grad, v * (size * (size + 1) // 2)), opt_grad.grad
+
+
 def test_average_argument_is_horovods_deprecated_spelling(rank, size):
     with pytest.warns(DeprecationWarning):
         out = hvd.allreduce(rank_values(rank), average=False)

@@ -80,8 +80,11 @@ def test_equivalence_with_groups(groups, rank, size):
     _check(sgd, rank, size, groups=groups)
 
 
-def test_equivalence_with_fp16_compression(rank, size):
-    _check(sgd, rank, size, dtype=torch.float32, tol=2e-3, compression=hvd.Compression.fp16)
+# Gradients travel rounded to 11 (fp16) or 8 (bf16) bits of mantissa.
+@pytest.mark.parametrize("name,tol", [("fp16", 2e-3), ("bf16", 2e-2)])
+def test_equivalence_with_16bit_compression(name, tol, rank, size):
+    _check(sgd, rank, size, dtype=torch.float32, tol=tol,
+           compression=getattr(hvd.Compression, name))
 
 
 def test_equivalence_with_predivide_factor(rank, size):
