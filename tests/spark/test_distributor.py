@@ -95,3 +95,41 @@ def test_local_mode_function_and_bad_arguments(spark, tmp_path):
         Distributor().run(str(tmp_path / "x.py"), lr=1)
     with pytest.raises(ValueError, match="no script at"):
         Distributor().run(str(tmp_path / "missing.py"))
+
+
+_CONNECT_JOB = """
+import os, sys
+os.environ["PYSPARK_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession
+from pyspark.sql.utils import is_remote
+from tfring.spark import Distributor
+spark = SparkSession.builder.remote("local[2]").getOrCreate()
+try:
+    def f(scale):
+        import tensorflow as tf
+        import tfring.tensorflow as hvd
+        hvd.init()
+        total = hvd.allreduce(tf.constant([float(hvd.rank()) * scale]), op=hvd.Sum)
+        return hvd.rank(), hvd.size(), float(total[0])
+    print("RESULT", is_remote(), Distributor(num_processes=2, local_mode=False,
+                                             timeout=120).run(f, 5.0))
+finally:
+    spark.stop()
+"""
+
+
+def test_executor_mode_under_spark_connect(no_rank_left_behind):
+    """pyspark's local Spark Connect server (its own process: this one holds
+    the classic session): no SparkContext on the client, so the ranks start
+    through mapInArrow(barrier=True)."""
+    from support import run_python
+    try:
+        from pyspark.sql.connect.utils import check_dependencies
+        check_dependencies()
+    except ImportError as e:
+        if os.environ.get("TFRING_REQUIRE_EXTRAS") == "1":
+            raise
+        pytest.skip(f"Spark Connect's client dependencies are missing: {e}")
+    result = run_python(_CONNECT_JOB, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RESULT True (0, 2, 5.0)" in result.stdout, result.stdout
