@@ -5,12 +5,14 @@ Every rank lists the same files and reads their footers only, so all ranks
 agree on the row count N without reading data. Rank r of s takes the
 contiguous rows ``[r*N//s, (r+1)*N//s)``, whatever the file and row-group
 layout, and reads only the row groups those rows overlap, `read_rows` at a
-time. Columns become numpy arrays a batch at a time (numbers as they are,
+time. Columns become numpy arrays a block at a time (numbers as they are,
 arrays flattened then reshaped); no Python object is made per row. The
-shuffle buffer and the batching run in tf.data's C++.
+shuffle buffer permutes blocks of rows in numpy, and tf.data cuts the
+blocks into batches (``rebatch``), so no step of the pipeline works row
+by row.
 
-Memory held beyond TensorFlow's own: one pyarrow read batch, tf.data's
-prefetch of converted batches, and the shuffle buffer (rows).
+Memory held beyond TensorFlow's own: one pyarrow read block, the shuffle
+buffer (up to twice its rows), and tf.data's prefetch of two batches.
 """
 import numpy as np
 
@@ -91,6 +93,30 @@ def batches(store, share, columns, read_rows):
                     break
 
 
+def _shuffled(blocks, buffer_rows, rng):
+    """Blocks of rows (lists of arrays, one per column) shuffled through a
+    buffer of `buffer_rows` rows: once the buffer holds twice that, it is
+    permuted and all but `buffer_rows` random rows go out. Memory: at most
+    twice the buffer plus one read block. 0: the blocks as they come."""
+    if not buffer_rows:
+        yield from blocks
+        return
+    pending, held = [], 0
+    for block in blocks:
+        pending.append(block)
+        held += len(block[0])
+        if held >= 2 * buffer_rows:
+            joined = [np.concatenate(parts) for parts in zip(*pending)]
+            order = rng.permutation(held)
+            out, keep = order[:held - buffer_rows], order[held - buffer_rows:]
+            yield [a[out] for a in joined]
+            pending, held = [[a[keep] for a in joined]], buffer_rows
+    if held:
+        joined = [np.concatenate(parts) for parts in zip(*pending)]
+        order = rng.permutation(held)
+        yield [a[order] for a in joined]
+
+
 def dataset(store, path, rank, size, layout, batch_size, shuffle_buffer_size=0, seed=None,
             read_rows=4096):
     """The rank's share of the Parquet at `path` as a repeated, batched
@@ -126,7 +152,9 @@ def dataset(store, path, rank, size, layout, batch_size, shuffle_buffer_size=0, 
         return parts[0] if len(parts) == 1 and widths[group[0]] else np.concatenate(parts, 1)
 
     def generate():
-        for arrays in batches(store, share, columns, read_rows):
+        rng = np.random.default_rng(seed)
+        for arrays in _shuffled(batches(store, share, columns, read_rows),
+                                shuffle_buffer_size, rng):
             x = tuple(joined(arrays, g) for g in inputs)
             y = tuple(arrays[where[c]] for c in labels)
             yield (x, y) + ((arrays[where[weight]],) if weight else ())
@@ -135,10 +163,10 @@ def dataset(store, path, rank, size, layout, batch_size, shuffle_buffer_size=0, 
                   for g in inputs)
     y_sig = tuple(tf.TensorSpec(shape(c), tf.float32) for c in labels)
     signature = (x_sig, y_sig) + ((tf.TensorSpec((None,), tf.float32),) if weight else ())
-    data = tf.data.Dataset.from_generator(generate, output_signature=signature).unbatch()
-    if shuffle_buffer_size:
-        data = data.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
-    data = data.repeat().batch(batch_size)
+    # Blocks of rows in, batches out: tf.data slices and joins the blocks
+    # (rebatch), with no per-row element anywhere.
+    data = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    data = data.repeat().rebatch(batch_size, drop_remainder=True)
 
     def keras_form(*parts):
         x, y = parts[0], parts[1]
