@@ -129,7 +129,7 @@ def train(spec):
         callbacks.append(_Checkpoint(store, run_id, logs_dir, history))
     rss_before = _rss_mb()
     fit = model.fit(train_data, steps_per_epoch=steps, epochs=spec["epochs"],
-                    initial_epoch=initial_epoch, validation_data=val_data,
+                    initial_epoch=initial_epoch, validation_data=val_data, shuffle=False,
                     validation_steps=val_steps, verbose=spec["verbose"] if rank == 0 else 0,
                     callbacks=callbacks)
     if logs_dir is not None:
