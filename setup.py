@@ -161,7 +161,10 @@ EXTRAS = {
     # ray[train]: Ray Train V2 (TfringTrainer) and what it imports (pandas,
     # pyarrow, pydantic); RayExecutor alone needs only ray core.
     "ray": ["ray[train]>=2.60"],
-    "spark": ["pyspark>=3.4"],
+    # pyspark[connect]: Spark Connect's client (Distributor runs under it) and
+    # pyarrow + pandas, which the estimator streams Parquet through; fsspec:
+    # the estimator's Store (any fsspec URL).
+    "spark": ["pyspark[connect]>=3.5", "fsspec"],
     # PyTorch, for tfring.torch only (pure Python over tfring.core; nothing
     # else of tfring imports torch). An unpinned torch from PyPI is a CUDA
     # build with NVIDIA's wheels (a few GB); pin a CPU build where none is

@@ -26,14 +26,16 @@ def rank_processes():
 
 @pytest.fixture(scope="session")
 def spark():
-    """SparkSession on local[2]: two task slots, so a barrier stage of two
-    ranks. Its executors run this interpreter."""
+    """SparkSession on local[3]: three task slots, so barrier stages of two
+    and three ranks; defaultParallelism stays 2 (num_proc's default). Its
+    executors run this interpreter."""
     import_extra("pyspark")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("tfring-tests")
+    session = (SparkSession.builder.master("local[3]").appName("tfring-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
                .getOrCreate())
     session.sparkContext.setLogLevel("FATAL")
     yield session

@@ -1,94 +1,206 @@
-"""tfring.spark.keras.KerasEstimator on a real local Spark: fit on a
-DataFrame of scikit-learn's digits at num_proc=2, transform adds the
-prediction column."""
+"""tfring.spark.keras.KerasEstimator on the shared local Spark session:
+Parquet in a store streamed by each rank, compared with single-process
+Keras where the arithmetic is exact; a hot start; several inputs, outputs,
+validation and callbacks in a Pipeline that saves and loads; bad input
+refused before any rank starts; a rank killed mid-fit named."""
+import os
+import sys
+
 import numpy as np
 import pytest
 
 from support import import_extra
 
-import_extra("pyspark")
-tf = pytest.importorskip("tensorflow")
-from tfring.spark.keras import KerasEstimator  # noqa: E402
+pyspark = import_extra("pyspark")
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
-TIMEOUT = 300
+from tfring.spark.common.store import Store  # noqa: E402
+from tfring.spark.keras import KerasEstimator, KerasModel  # noqa: E402
 
+pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-@pytest.fixture(scope="module")
-def digits(spark):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float64)
-    x_train, x_val, y_train, y_val = train_test_split(x, data.target, test_size=0.2,
-                                                      random_state=0, stratify=data.target)
-
-    def frame(x, y):
-        return spark.createDataFrame([(i, f.tolist(), int(t)) for i, (f, t) in
-                                      enumerate(zip(x, y))], ["id", "features", "label"])
-    return frame(x_train, y_train), frame(x_val, y_val)
+TIMEOUT = 180
 
 
-def _model():
+def _files(root):
+    return sorted(os.path.relpath(os.path.join(b, f), root)
+                  for b, _, fs in os.walk(root) for f in fs)
+
+
+def _linear(width, seed=0):
+    tf.keras.utils.set_random_seed(seed)
+    inp = tf.keras.Input((width,))
+    return tf.keras.Model(inp, tf.keras.layers.Dense(1)(inp))
+
+
+def _reference_epoch(model, x, y, w, np_, batch):
+    """One epoch of single-process Keras over the batches the ranks take
+    together: step i joins rank r's i-th batch of its contiguous share."""
+    share = len(x) // np_
+    order = np.concatenate([np.arange(r * share + i * batch, r * share + (i + 1) * batch)
+                            for i in range(share // batch) for r in range(np_)])
+    model.fit(x[order], y[order], sample_weight=w[order], batch_size=batch * np_,
+              shuffle=False, epochs=1, verbose=0)
+
+
+def test_fit_on_parquet_equals_keras_and_hot_starts_from_the_store(spark, tmp_path,
+                                                                   no_rank_left_behind):
+    rng = np.random.default_rng(1)
+    n = 72
+    x1 = rng.normal(size=n).astype(np.float32)
+    x2 = rng.normal(size=(n, 3)).astype(np.float32)
+    y = (x1 * 0.5 + x2 @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, size=n).astype(np.float32)
+    store = Store.create(str(tmp_path / "store"))
+    table = pa.table({"x1": x1, "x2": pa.array(list(x2), pa.list_(pa.float32())), "y": y,
+                      "w": w})
+    train_dir = store.get_train_data_path()
+    os.makedirs(train_dir)
+    # Two files, several row groups: shares cut across both.
+    pq.write_table(table.slice(0, 40), f"{train_dir}/part-00000.parquet", row_group_size=16)
+    pq.write_table(table.slice(40), f"{train_dir}/part-00001.parquet", row_group_size=7)
+    val = table.slice(0, 12)
+    os.makedirs(store.get_val_data_path())
+    pq.write_table(val, f"{store.get_val_data_path()}/part-00000.parquet")
+
+    model = _linear(4)
+    reference = tf.keras.models.clone_model(model)
+    reference.set_weights(model.get_weights())
+    reference.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss="mse")
+
+    def estimator(epochs, num_proc):
+        return KerasEstimator(model=model, optimizer=tf.keras.optimizers.SGD(0.05), loss="mse",
+                              metrics=["mae"], store=store, feature_cols=["x1", "x2"],
+                              label_cols=["y"], sample_weight_col="w", batch_size=6,
+                              val_batch_size=3, epochs=epochs, shuffle_buffer_size=0,
+                              num_proc=num_proc, run_id="run1", read_rows=5, timeout=TIMEOUT)
+
+    x = np.concatenate([x1[:, None], x2], 1)
+    first = estimator(2, 2).fit_on_parquet()
+    for _ in range(2):
+        _reference_epoch(reference, x, y, w, 2, 6)
+    for got, want in zip(first.getModel().get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+    assert [(r["rows"], r["val_rows"], r["steps_per_epoch"]) for r in first.ranks] == \
+        [(36, 6, 6)] * 2
+    history = first.getHistory()
+    assert len(history["loss"]) == 2 and len(history["mae"]) == 2
+    # Validation: both ranks' 6 rows (2 steps of 3), weighted, averaged.
+    want_val = reference.evaluate(x[:12], y[:12], sample_weight=w[:12], batch_size=12, verbose=0)
+    assert history["val_loss"][-1] == pytest.approx(want_val, rel=1e-4)
+    assert _files(store.get_run_path("run1")) == ["checkpoint.json", "checkpoint.keras",
+                                                   "logs/history.csv"]
+
+    # Hot start: the run's checkpoint, then the third epoch only, on 3 ranks.
+    model.set_weights([np.zeros_like(v) for v in model.get_weights()])  # not used
+    third = estimator(3, 3).fit_on_parquet()
+    _reference_epoch(reference, x, y, w, 3, 6)
+    for got, want in zip(third.getModel().get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+    assert len(third.getHistory()["loss"]) == 3
+    assert third.getHistory()["loss"][:2] == history["loss"]
+    assert [r["rows"] for r in third.ranks] == [24, 24, 24]
+    with open(os.path.join(store.get_logs_path("run1"), "history.csv")) as f:
+        assert [line.split(",")[0] for line in f.read().split()[1:]] == ["0", "1", "2"]
+
+
+class _Marker(tf.keras.callbacks.Callback):
+    """Puts a number in each epoch's logs: the callbacks ran on the ranks."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["marker"] = 10.0 + epoch
+
+
+def test_two_inputs_two_outputs_validation_in_a_pipeline_that_saves_and_loads(
+        spark, tmp_path, no_rank_left_behind):
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.linalg import Vectors
+    rng = np.random.default_rng(2)
+    rows = []
+    for i in range(80):
+        v, a = rng.normal(size=3), rng.normal(size=2)
+        rows.append((i, Vectors.dense(v.tolist()), a.tolist(), float(v.sum() - a[0]),
+                     int(i % 3), i % 4 == 0))
+    df = spark.createDataFrame(rows, ["id", "v", "a", "y_reg", "y_cls", "is_val"])
     tf.keras.utils.set_random_seed(0)
-    return tf.keras.Sequential([tf.keras.Input(shape=(64,)),
-                                tf.keras.layers.Dense(64, activation="relu"),
-                                tf.keras.layers.Dense(10, activation="softmax")])
+    vin, ain = tf.keras.Input((3,), name="v"), tf.keras.Input((2,), name="a")
+    hidden = tf.keras.layers.Dense(8, activation="relu")(tf.keras.layers.Concatenate()([vin,
+                                                                                      ain]))
+    model = tf.keras.Model([vin, ain], [tf.keras.layers.Dense(1, name="reg")(hidden),
+                                        tf.keras.layers.Dense(3, activation="softmax",
+                                                              name="cls")(hidden)])
+    store = Store.create(str(tmp_path / "store"))
+    estimator = KerasEstimator(
+        model=model, optimizer=tf.keras.optimizers.Adam(0.01),
+        loss=["mse", "sparse_categorical_crossentropy"], loss_weights=[1.0, 0.5], store=store,
+        feature_cols=["v", "a"], label_cols=["y_reg", "y_cls"], validation="is_val",
+        callbacks=[_Marker()], batch_size=10, epochs=3, num_proc=2, run_id="multi",
+        random_seed=3, timeout=TIMEOUT)
+    fitted = Pipeline(stages=[estimator]).fit(df)
+    trained = fitted.stages[0]
+    assert isinstance(trained, KerasModel)
+    assert [r["rows"] for r in trained.ranks] == [30, 30]      # 60 rows not marked
+    assert [r["val_rows"] for r in trained.ranks] == [10, 10]  # 20 marked
+    history = trained.getHistory()
+    assert history["marker"] == [10.0, 11.0, 12.0]
+    assert history["val_loss"] and history["loss"][-1] < history["loss"][0]
+    # The store holds the run only (the intermediate Parquet is gone).
+    assert _files(store.prefix_path) == ["runs/multi/checkpoint.json",
+                                         "runs/multi/checkpoint.keras",
+                                         "runs/multi/logs/history.csv"]
+
+    trained.setOutputCols(["p_reg", "p_cls"])
+    out = fitted.transform(df).orderBy("id").collect()
+    reg, cls = trained.getModel().predict(
+        [np.array([r["v"].toArray() for r in out], np.float32),
+         np.array([r["a"] for r in out], np.float32)], verbose=0)
+    np.testing.assert_allclose([r["p_reg"] for r in out], reg[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose([r["p_cls"] for r in out], cls, rtol=1e-5, atol=1e-6)
+
+    fitted.write().overwrite().save(str(tmp_path / "pipeline"))
+    loaded = PipelineModel.load(str(tmp_path / "pipeline"))
+    again = loaded.transform(df).orderBy("id").collect()
+    assert loaded.stages[0].getOutputCols() == ["p_reg", "p_cls"]
+    assert loaded.stages[0].getHistory() == history
+    assert [r["p_cls"] for r in again] == [r["p_cls"] for r in out]
 
 
-def test_fit_reaches_90_percent_and_transform_adds_the_column(digits, no_rank_left_behind):
-    train_df, val_df = digits
-    model = _model()
-    initial = [w.copy() for w in model.get_weights()]
-    estimator = KerasEstimator(model=model, optimizer=tf.keras.optimizers.SGD(0.06, momentum=0.9),
-                               loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                               feature_cols=["features"], label_cols=["label"], batch_size=32,
-                               epochs=6, num_proc=2, seed=0, timeout=TIMEOUT)
-    trained = estimator.fit(train_df)
-    # Each rank read its own partition: together, every training row once.
-    assert [r["rank"] for r in trained.ranks] == [0, 1]
-    assert sum(r["rows"] for r in trained.ranks) == train_df.count()
-    assert all(r["rows"] > 0 for r in trained.ranks)
-    assert len(trained.history["loss"]) == 6
-    assert trained.history["loss"][-1] < trained.history["loss"][0]
-    # The driver's model was only the starting point.
-    for before, now in zip(initial, model.get_weights()):
-        np.testing.assert_array_equal(before, now)
-
-    out = trained.transform(val_df)
-    assert out.columns == ["id", "features", "label", "label__output"]
-    rows = out.select("id", "label", "label__output").collect()
-    assert len(rows) == val_df.count()
-    probabilities = np.array([r["label__output"] for r in rows])
-    assert probabilities.shape == (len(rows), 10)
-    np.testing.assert_allclose(probabilities.sum(1), 1.0, rtol=1e-4)
-    accuracy = np.mean(probabilities.argmax(1) == np.array([r["label"] for r in rows]))
-    assert accuracy >= 0.9, accuracy
-    # transform's column is the trained model's prediction, row by row.
-    by_id = {r["id"]: r["label__output"] for r in rows}
-    some = val_df.orderBy("id").limit(5).collect()
-    local = trained.keras().predict(np.array([r["features"] for r in some]), verbose=0)
-    np.testing.assert_allclose([by_id[r["id"]] for r in some], local, rtol=1e-5, atol=1e-6)
+class _KillRank1(tf.keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        import signal
+        if os.environ.get("TFRING_RANK") == "1" and epoch == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_bad_settings_are_refused_before_any_job(digits):
-    train_df, _ = digits
-    common = dict(model=_model(), optimizer="sgd", loss="mse")
-    with pytest.raises(ValueError, match="exactly one label column"):
-        KerasEstimator(feature_cols=["features"], label_cols=["label", "id"], **common)
-    with pytest.raises(ValueError, match="feature_cols"):
-        KerasEstimator(label_cols=["label"], **common)
-    with pytest.raises(ValueError, match="epochs"):
-        KerasEstimator(feature_cols=["features"], label_cols=["label"], epochs=0, **common)
+def test_bad_input_is_refused_before_any_rank_and_a_killed_rank_is_named(
+        spark, tmp_path, no_rank_left_behind):
+    df = spark.createDataFrame([(float(i), [float(i), 1.0], float(i % 2), 1.0)
+                                for i in range(20)], ["s", "a", "y", "w"])
+    common = dict(model=_linear(3), optimizer="sgd", loss="mse", num_proc=2,
+                  store=Store.create(str(tmp_path / "store")), timeout=TIMEOUT)
     with pytest.raises(ValueError, match=r"no column\(s\) \['pixels'\]"):
-        KerasEstimator(feature_cols=["pixels"], label_cols=["label"], **common).fit(train_df)
+        KerasEstimator(feature_cols=["s", "pixels"], label_cols=["y"], **common).fit(df)
+    with_null = df.union(spark.createDataFrame([(None, [1.0, 2.0], 0.0, 1.0)], df.schema))
+    with pytest.raises(ValueError, match=r"nulls .*\{'s': 1\}"):
+        KerasEstimator(feature_cols=["s", "a"], label_cols=["y"], **common).fit(with_null)
+    with pytest.raises(ValueError, match="label column 'a' holds 2 values per row, but the "
+                                         "model's output for it gives 1"):
+        KerasEstimator(feature_cols=["s", "y", "w"], label_cols=["a"], **common).fit(df)
+    with pytest.raises(ValueError, match="feature column"):
+        KerasEstimator(feature_cols=["s"], label_cols=["y"], **common).fit(df)
+    with pytest.raises(ValueError, match="label_cols has 2 column"):
+        KerasEstimator(feature_cols=["s", "a"], label_cols=["y", "w"], **common)
+    (tmp_path / "file").write_text("")
+    unreachable = dict(common, store=Store.create(str(tmp_path / "file" / "store")))
+    with pytest.raises(OSError, match="the store at .*file/store.* cannot be written"):
+        KerasEstimator(feature_cols=["s", "a"], label_cols=["y"], **unreachable).fit(df)
+    assert _files(tmp_path / "store") == []
 
-
-def test_bad_data_fails_fit_with_the_tasks_own_error(spark, digits, no_rank_left_behind):
-    train_df, _ = digits
-    bad = train_df.limit(40).union(spark.createDataFrame([(9999, None, 1)], train_df.schema))
-    estimator = KerasEstimator(model=_model(), optimizer="sgd",
-                               loss="sparse_categorical_crossentropy", feature_cols=["features"],
-                               label_cols=["label"], num_proc=2, timeout=TIMEOUT)
-    with pytest.raises(ValueError, match="feature column 'features' holds a null") as info:
-        estimator.fit(bad)
-    assert info.value.rank in (0, 1)
+    estimator = KerasEstimator(feature_cols=["s", "a"], label_cols=["y"], epochs=3,
+                               batch_size=2, callbacks=[_KillRank1()], **common)
+    with pytest.raises(RuntimeError, match=r"rank 1 \(host .*\) failed: its process was "
+                                           r"killed by signal 9 \(SIGKILL\)"):
+        estimator.fit(df)
+    assert _files(tmp_path / "store") == []

@@ -96,42 +96,113 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, t
 
 
 def run_on_partitions(rdd, fn, args=(), kwargs=None, partition_args=None, start_timeout=None,
-                      env=None, timeout=None):
+                      env=None, timeout=None, only_rank0=False, use_gpu=None):
     """:func:`run` with one rank per partition of `rdd`; with
     `partition_args`, rank r calls ``fn(*partition_args(rows), *args, **kwargs)``,
     `rows` being an iterator over its partition (read in the Spark task;
-    what it returns is pickled to the rank's process).
+    what it returns is pickled to the rank's process). `only_rank0`: the
+    other ranks' results are not sent back (None in their place).
+    `use_gpu`: None leaves ``CUDA_VISIBLE_DEVICES`` alone; True gives each
+    rank its task's GPUs (Spark's ``gpu`` resource); False hides every GPU.
 
     Returns and raises as :func:`run`.
     """
     sc = rdd.context
-    num_proc = rdd.getNumPartitions()
+    group = f"tfring-{uuid.uuid4().hex[:12]}"
+
+    def launch(job):
+        sc.setJobGroup(group, f"tfring.spark of {getattr(fn, '__name__', 'fn')} on "
+                              f"{rdd.getNumPartitions()} ranks", interruptOnCancel=True)
+        try:
+            return rdd.barrier().mapPartitions(job.run_task).collect()
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+
+    return _run_stage(fn, args, kwargs, rdd.getNumPartitions(), sc.master,
+                      sc.getConf().get("spark.driver.host"), launch,
+                      lambda: sc.cancelJobGroup(group), partition_args=partition_args,
+                      start_timeout=start_timeout, env=env, timeout=timeout,
+                      only_rank0=only_rank0, use_gpu=use_gpu)
+
+
+# A result travels back through a DataFrame in pieces of at most this many
+# bytes (Spark Connect sends collected rows in Arrow batches of a few MB).
+_CHUNK_BYTES = 1 << 20
+
+
+def run_on_session(spark, num_proc, fn, args=(), kwargs=None, start_timeout=None, env=None,
+                   timeout=None, only_rank0=False, use_gpu=None):
+    """:func:`run` through the DataFrame API only (``mapInArrow`` with
+    ``barrier=True``), so that it works under Spark Connect, where there is
+    no SparkContext; the job is cancelled by its tag. The rendezvous store
+    runs in this (the client's) process, which the executors must reach.
+
+    Returns and raises as :func:`run`.
+    """
+    tag = f"tfring-{uuid.uuid4().hex[:12]}"
+
+    def launch(job):
+        def task(batches):
+            import pyarrow as pa
+            for rank, data in job.run_task(batches):
+                pieces = [data[i:i + _CHUNK_BYTES]
+                          for i in range(0, len(data), _CHUNK_BYTES)] or [b""]
+                yield pa.RecordBatch.from_pydict(
+                    {"rank": [rank] * len(pieces), "seq": list(range(len(pieces))),
+                     "data": pieces},
+                    schema=pa.schema([("rank", pa.int32()), ("seq", pa.int32()),
+                                      ("data", pa.binary())]))
+        spark.addTag(tag)
+        try:
+            rows = (spark.range(0, num_proc, 1, num_proc)
+                    .mapInArrow(task, "rank int, seq int, data binary", barrier=True)
+                    .collect())
+        finally:
+            spark.removeTag(tag)
+        joined = {}
+        for row in sorted(rows, key=lambda r: (r["rank"], r["seq"])):
+            joined[row["rank"]] = joined.get(row["rank"], b"") + bytes(row["data"])
+        return list(joined.items())
+
+    conf = spark.conf
+    return _run_stage(fn, args, kwargs, num_proc, conf.get("spark.master", "local"),
+                      conf.get("spark.driver.host", None), launch,
+                      lambda: spark.interruptTag(tag), start_timeout=start_timeout, env=env,
+                      timeout=timeout, only_rank0=only_rank0, use_gpu=use_gpu)
+
+
+def _run_stage(fn, args, kwargs, num_proc, master, driver_host, launch, cancel,
+               partition_args=None, start_timeout=None, env=None, timeout=None,
+               only_rank0=False, use_gpu=None):
+    """Serves the job's store, runs ``launch(task_spec)`` (one barrier stage
+    that returns the (rank, pickled result) pairs) and turns its failure
+    into the failing rank's exception; ``cancel()`` stops the stage when
+    `timeout` passes."""
     extra = {str(k): str(v) for k, v in (env or {}).items()}
     if start_timeout is not None:
         extra["TFRING_START_TIMEOUT"] = str(start_timeout)
     extra.setdefault("TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    if use_gpu is False:
+        extra["CUDA_VISIBLE_DEVICES"] = ""
 
-    local = sc.master.startswith("local")
+    local = master.startswith("local")
     # A local master runs every task on this machine: keep the job on loopback.
     bind, advertise = ("127.0.0.1", "127.0.0.1") if local else (
-        "0.0.0.0", sc.getConf().get("spark.driver.host") or socket.gethostname())
+        "0.0.0.0", driver_host or socket.gethostname())
     secret = wire.generate_secret()
     store, _, port = start_rendezvous(bind, 0, secret)
     job = _TaskSpec(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), partition_args,
                     advertise, port, secret, "127.0.0.1" if local else "", extra,
-                    remote.fake_host_names())
-    group = f"tfring-{uuid.uuid4().hex[:12]}"
+                    remote.fake_host_names(), only_rank0=only_rank0, task_gpus=bool(use_gpu))
     timer = None
     try:
-        sc.setJobGroup(group, f"tfring.spark of {getattr(fn, '__name__', 'fn')} on "
-                              f"{num_proc} ranks", interruptOnCancel=True)
         if timeout is not None:
-            timer = threading.Timer(timeout, sc.cancelJobGroup, args=(group,))
+            timer = threading.Timer(timeout, cancel)
             timer.daemon = True
             timer.start()
         started = time.monotonic()
         try:
-            rows = rdd.barrier().mapPartitions(job.run_task).collect()
+            rows = launch(job)
         except Exception as e:  # noqa: BLE001 - py4j's and pyspark's errors alike
             reported = _reported_failure(store, secret)
             if reported is not None:
@@ -144,7 +215,6 @@ def run_on_partitions(rdd, fn, args=(), kwargs=None, partition_args=None, start_
     finally:
         if timer is not None:
             timer.cancel()
-        sc.setLocalProperty("spark.jobGroup.id", None)
         store.stop()
     results = [None] * num_proc
     for rank, data in rows:
@@ -203,10 +273,12 @@ def _reported_failure(store, secret):
 class _TaskSpec:
     """What every task of the stage needs; pickled into the tasks."""
 
-    def __init__(self, payload, partition_args, addr, port, secret, bind, extra, fake_hosts):
+    def __init__(self, payload, partition_args, addr, port, secret, bind, extra, fake_hosts,
+                 only_rank0=False, task_gpus=False):
         self.payload, self.partition_args = payload, partition_args
         self.addr, self.port, self.secret = addr, port, secret
         self.bind, self.extra, self.fake_hosts = bind, extra, fake_hosts
+        self.only_rank0, self.task_gpus = only_rank0, task_gpus
 
     def _own_host(self, index):
         if self.fake_hosts and index < len(self.fake_hosts):
@@ -223,6 +295,12 @@ class _TaskSpec:
             hosts, self.addr, self.port, self.secret,
             bind_hosts=[self.bind] * len(hosts), extra=self.extra)
         rank = ranks[index]
+        if self.task_gpus:
+            gpus = ctx.resources().get("gpu")
+            if gpus is None or not gpus.addresses:
+                raise RuntimeError("use_gpu=True, but Spark gave this task no GPU: set "
+                                   "spark.task.resource.gpu.amount (and the executors' GPUs)")
+            envs[index]["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
         try:
             leading = cloudpickle.dumps(tuple(self.partition_args(partition))
                                         if self.partition_args is not None else ())
@@ -234,7 +312,7 @@ class _TaskSpec:
             raise
         status, value, pid = self._run_rank(envs[index], leading)
         if status == "ok":
-            return [(rank, cloudpickle.dumps(value))]
+            return [(rank, cloudpickle.dumps(None if self.only_rank0 and rank else value))]
         payload, summary, text = value
         if status == "died":  # a process that ended without a word reports nothing itself
             _report.report_failure(envs[index], pid, payload, summary, text)
