@@ -27,9 +27,9 @@
 #include <thread>
 #include <unistd.h>
 
-#include "../operations.h"
-#include "../tensor_queue.h"
-#include "../transport/registry.h"
+#include "../../operations.h"
+#include "../../tensor_queue.h"
+#include "../../transport/registry.h"
 
 using namespace tfring;
 
