@@ -184,8 +184,9 @@ def _raising_loop(config):
 
 # -- the driver's side ---------------------------------------------------------
 
-def _fit(trainer):
-    """trainer.fit() with a deadline (a hang fails the test, not CI's clock)."""
+def _start_fit(trainer):
+    """trainer.fit() on a thread of its own; returns the thread and the dict
+    that gets its "result" or "error"."""
     outcome = {}
 
     def target():
@@ -196,6 +197,12 @@ def _fit(trainer):
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
+    return thread, outcome
+
+
+def _fit(trainer):
+    """trainer.fit() with a deadline (a hang fails the test, not CI's clock)."""
+    thread, outcome = _start_fit(trainer)
     thread.join(FIT_TIMEOUT)
     assert not thread.is_alive(), f"fit() did not end within {FIT_TIMEOUT} s"
     if "error" in outcome:
@@ -335,13 +342,6 @@ def test_elastic_group_re_forms_when_a_node_comes_and_goes(ray_cluster, tmp_path
                                      resources_per_worker={"CPU": 0, RESIZE_SLOT: 1},
                                      elastic_resize_monitor_interval_s=1),
         run_config=_run_config(tmp_path, "resize", max_failures=2))
-    outcome = {}
-
-    def fit():
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome["error"] = e
 
     def groups():
         seen = _seen(tmp_path, "resize")
@@ -355,8 +355,7 @@ def test_elastic_group_re_forms_when_a_node_comes_and_goes(ray_cluster, tmp_path
             assert time.monotonic() < deadline, f"no {what} within {timeout} s: {groups()}"
             time.sleep(0.5)
 
-    thread = threading.Thread(target=fit, daemon=True)
-    thread.start()
+    thread, outcome = _start_fit(trainer)
     node = None
     try:
         wait_for("group of 2", lambda two, three: len(two) == 2)
