@@ -34,6 +34,9 @@ def ray_cluster():
         "num_cpus": 4, "resources": {RESIZE_SLOT: 2}, "object_store_memory": 200 << 20,
         "include_dashboard": False})
     ray.init(address=cluster.address, log_to_driver=False)
+    # For the tests (a conftest is not importable by name: pytest loads
+    # several modules called conftest).
+    cluster.resize_slot = RESIZE_SLOT
     # Ray's own processes (GCS, raylets, ...): what this process started just
     # now; every worker and actor is under them.
     roots = [p for p in descendants([os.getpid()]) if p not in before]

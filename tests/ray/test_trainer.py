@@ -335,11 +335,11 @@ def test_elastic_group_re_forms_when_a_node_comes_and_goes(ray_cluster, tmp_path
     node with a third slot grows the group to 3, and removing it (its worker
     dies with it) shrinks the group to 2 again. Each group is its own tfring
     job at its size, and each goes on from the last checkpoint."""
-    from conftest import RESIZE_SLOT
+    slot = ray_cluster.resize_slot
     trainer = TfringTrainer(
         _resize_loop, train_loop_config={"out": str(tmp_path)},
         scaling_config=ScalingConfig(num_workers=(2, 3),
-                                     resources_per_worker={"CPU": 0, RESIZE_SLOT: 1},
+                                     resources_per_worker={"CPU": 0, slot: 1},
                                      elastic_resize_monitor_interval_s=1),
         run_config=_run_config(tmp_path, "resize", max_failures=2))
 
@@ -359,7 +359,7 @@ def test_elastic_group_re_forms_when_a_node_comes_and_goes(ray_cluster, tmp_path
     node = None
     try:
         wait_for("group of 2", lambda two, three: len(two) == 2)
-        node = ray_cluster.add_node(num_cpus=1, resources={RESIZE_SLOT: 1})
+        node = ray_cluster.add_node(num_cpus=1, resources={slot: 1})
         # Grown, and has checkpointed at 3 (the group after goes on from there).
         wait_for("report of a group of 3", lambda two, three: len(three) == 3
                  and os.path.exists(tmp_path / "reported-at-3"))

@@ -46,7 +46,7 @@ def _same_on_every_rank(values):
     return all(e == everyone[0] for e in everyone)
 
 
-def test_fit_close_to_uncompressed(rank, size):
+def test_fit_close_to_uncompressed(rank, size, legacy_keras):
     """Stated tolerance: after 4 epochs of 8 steps (rank 2, compressed from
     step 4) the loss is within 0.02 of uncompressed fit's, from about 1."""
     reference = _model()
@@ -58,12 +58,20 @@ def test_fit_close_to_uncompressed(rank, size):
     loss = _fit(model, opt, rank, size, 8, epochs=4)
     assert first > 0.5 and abs(loss - ref_loss) < 0.02, (first, loss, ref_loss)
     assert _same_on_every_rank(model.get_weights())
-    names = [v.name for v in opt.variables]
-    assert any("powersgd_error" in n for n in names), names
+    if not legacy_keras:  # tf_keras: its state is not in the optimizer's variables
+        names = [v.name for v in opt.variables]
+        assert any("powersgd_error" in n for n in names), names
+
+
+def _needs_keras_3(legacy_keras):
+    if legacy_keras:
+        pytest.skip("PowerSGD's state is kept as optimizer variables under Keras 3 only "
+                    "(docs/performance.md)")
 
 
 @pytest.mark.parametrize("with_state", [True, False], ids=["with_state", "without"])
-def test_checkpoint_resumes_the_same_training(rank, size, tmp_path, with_state):
+def test_checkpoint_resumes_the_same_training(rank, size, tmp_path, with_state, legacy_keras):
+    _needs_keras_3(legacy_keras)
     model = _model()
     opt = _powersgd_opt(rank=1, start_step=1)
     _fit(model, opt, rank, size, 3)
@@ -83,7 +91,8 @@ def test_checkpoint_resumes_the_same_training(rank, size, tmp_path, with_state):
     assert same == with_state
 
 
-def test_state_through_an_elastic_reset(rank, size):
+def test_state_through_an_elastic_reset(rank, size, legacy_keras):
+    _needs_keras_3(legacy_keras)
     model = _model()
     opt = _powersgd_opt(rank=1, start_step=0)
     _fit(model, opt, rank, size, 2)
