@@ -37,13 +37,21 @@ def ray_cluster():
     # For the tests (a conftest is not importable by name: pytest loads
     # several modules called conftest).
     cluster.resize_slot = RESIZE_SLOT
+    # The processes of the nodes the tests add are Ray's too.
+    added = []
+    add_node = cluster.add_node
+
+    def add_node_and_note(**kwargs):
+        node = add_node(**kwargs)
+        added.extend(process.pid for _, process in node.live_processes())
+        return node
+    cluster.add_node = add_node_and_note
     # Ray's own processes (GCS, raylets, ...): what this process started just
     # now; every worker and actor is under them.
     roots = [p for p in descendants([os.getpid()]) if p not in before]
     yield cluster
-    # With those of the nodes the tests added.
-    started = set(roots + descendants(roots))
-    started |= {p for p in descendants([os.getpid()]) if p not in before}
+    # With those of the nodes the tests added (and their workers).
+    started = set(roots + descendants(roots) + added + descendants(added))
     ray.shutdown()
     cluster.shutdown()
     assert not live_pids(sorted(started), wait=10.0), "Ray's processes outlived the cluster's shutdown"
