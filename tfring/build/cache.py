@@ -260,8 +260,7 @@ def library_ready_fast():
     version = installed_tf_version()
     if version is None:
         return False
-    if packaged_library() and packaged_tf_version() == version and \
-            packaged_library_is_current(version):
+    if packaged_library() and packaged_library_is_current(version):
         return True
     try:
         root = library.source_root()
