@@ -250,3 +250,13 @@ def import_extra(name):
     if os.environ.get("TFRING_REQUIRE_EXTRAS") == "1":
         return importlib.import_module(name)
     return pytest.importorskip(name)
+
+
+def extra_missing(error):
+    """For a suite's optional dependency found missing some other way than
+    by import (`error`, the exception that said so): a skip, or, where
+    ``TFRING_REQUIRE_EXTRAS=1``, the failure itself (as import_extra)."""
+    import pytest
+    if os.environ.get("TFRING_REQUIRE_EXTRAS") == "1":
+        raise error
+    pytest.skip(f"an optional dependency is missing: {error}")

@@ -122,14 +122,12 @@ def test_executor_mode_under_spark_connect(no_rank_left_behind):
     """pyspark's local Spark Connect server (its own process: this one holds
     the classic session): no SparkContext on the client, so the ranks start
     through mapInArrow(barrier=True)."""
-    from support import run_python
+    from support import extra_missing, run_python
     try:
         from pyspark.sql.connect.utils import check_dependencies
         check_dependencies()
     except ImportError as e:
-        if os.environ.get("TFRING_REQUIRE_EXTRAS") == "1":
-            raise
-        pytest.skip(f"Spark Connect's client dependencies are missing: {e}")
+        extra_missing(e)  # Spark Connect's client dependencies
     result = run_python(_CONNECT_JOB, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RESULT True (0, 2, 5.0)" in result.stdout, result.stdout
