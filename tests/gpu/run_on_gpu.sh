@@ -15,6 +15,8 @@
 #                (default /opt/torch/.venv/bin/python3): NCCL at np=1, host
 #                staging at np=2, DistributedOptimizer against one process
 #                (tests/gpu/test_torch_gpu.py)
+#   torch_bench  tfring.torch against torch.distributed (NCCL) per call, at
+#                np=1 on the same GPU (benchmarks/gpu_torch.py)
 # and writes OUTDIR/results.json (every step's exit code and time, the
 # tests' outcomes, the benchmark rows). STEPS="build cpp_harness" runs some.
 # Exits non-zero when a step failed. Made to finish in under 8 minutes.
@@ -23,7 +25,7 @@ OUT=${1:?usage: bash tests/gpu/run_on_gpu.sh OUTDIR}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-build cpp_harness core_gpu bench torch_gpu}
+STEPS=${STEPS:-build cpp_harness core_gpu bench torch_gpu torch_bench}
 TORCH_PY=${TORCH_PY:-/opt/torch/.venv/bin/python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
@@ -78,6 +80,10 @@ step core_gpu 220 $PY -m pytest -m gpu tests/gpu/test_core_gpu.py -v -s -p no:ca
 step bench 240 $PY benchmarks/gpu.py --out "$OUT/bench" --iters 20 --rounds 3
 step torch_gpu 150 env TFRING_TORCH_PYTHON="$TORCH_PY" $PY -m pytest -m gpu \
   tests/gpu/test_torch_gpu.py -v -s -p no:cacheprovider --junitxml="$OUT/torch_gpu.xml"
+# The module for the torch interpreter first (torch_gpu builds it too, when run).
+step torch_bench 150 bash -c "PYTHONPATH=$PWD '$TORCH_PY' -c 'from tfring.build import core_module; \
+core_module.ensure_module()' && $PY -m tfring.runner.launch -np 1 --tcp --timeout 120 \
+'$TORCH_PY' benchmarks/gpu_torch.py --out '$OUT/bench' --iters 30 --rounds 3"
 
 $PY - "$OUT" <<'PYEOF' > "$OUT/results.json"
 import json, os, sys
@@ -102,6 +108,9 @@ for step in ("core_gpu", "torch_gpu"):
 bench = os.path.join(out, "bench", "gpu_allreduce.json")
 if os.path.exists(bench):
     res["bench"] = json.load(open(bench))
+torch_bench = os.path.join(out, "bench", "torch_vs_nccl.json")
+if os.path.exists(torch_bench):
+    res["torch_bench"] = json.load(open(torch_bench))
 print(json.dumps(res, indent=1))
 PYEOF
 echo "results: $OUT/results.json"
