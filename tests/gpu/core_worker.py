@@ -228,6 +228,16 @@ def check_collectives():
         got = cp.asnumpy(y)
         assert got.min() == got.max() == 3.0 * size, f"group tensor {k}: ready event not honoured"
     checks += 1
+    # The one-call path (submit_device) takes CuPy arrays, in place or not.
+    from tfring.core import ops
+    x = cp.full(1000, float(rank + 1), dtype=cp.float32)
+    h = hvd.allreduce_async(x, op=hvd.Sum, name="one.call")
+    assert isinstance(h, ops._ArrayHandle), "a CuPy allreduce went the general way"
+    total = size * (size + 1) / 2
+    assert float(h.wait()[0]) == total
+    assert hvd.allreduce_(x, op=hvd.Sum, name="one.call.in.place") is x
+    assert float(x.min()) == float(x.max()) == total
+    checks += 1
     copies = hvd.host_staging_copies() - copies_before
     report(rank=rank, size=size, check="collectives", checks=checks, host_copies=copies,
            worst_relative_error=worst, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),

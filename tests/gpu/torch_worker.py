@@ -76,6 +76,13 @@ def check_collectives():
     hvd.allreduce(w * (rank + 1), op=hvd.Sum).sum().backward()
     check(w.grad, torch.full((3,), float(size * (rank + 1))), "allreduce gradient")
     if DEV == "cuda":
+        # The one-call path (submit_device) takes CUDA tensors.
+        from tfring.core import ops
+        z = torch.full((1000,), float(rank + 1), device=DEV)
+        h, _ = ops._submit_array(ops._ALLREDUCE, z, "torch.one.call", None, op=hvd.Sum,
+                                 in_place=True)
+        assert isinstance(h, ops._ArrayHandle), "a CUDA tensor went the general way"
+        assert h.wait() is z and float(z.min()) == float(z.max()) == size * (size + 1) / 2
         torch.cuda.synchronize()
     report(rank=rank, size=size, nccl_built=hvd.nccl_built(),
            host_copies=tfring.core.host_staging_copies() - before)

@@ -28,6 +28,7 @@ from tfring.build import cache, library
 MODULE_NAME = "_tfring_core"
 FILE_NAME = MODULE_NAME + ".so"
 BINDING = [os.path.join("tf_ops", "core_api", "core_module.cc"),
+           os.path.join("tf_ops", "core_api", "array_submit.cc"),
            os.path.join("tf_ops", library.PYTHON_LIFECYCLE)]
 
 

@@ -227,3 +227,38 @@ def adapt(x):
         return _numpy(np.asarray(x))
     raise TypeError(f"tfring: cannot use a {type(x).__name__} as an array: pass a numpy array, "
                     "a torch tensor, or an object with __cuda_array_interface__ or __dlpack__")
+
+
+def one_call_gpu(kind):
+    """How the one-call GPU path (``_tfring_core.submit_device``) takes
+    arrays of type ``kind``: a function ``prepare(x, in_place)`` that gives
+    (the stream that produced ``x``, or None for the one its
+    ``__cuda_array_interface__`` names; the output array: ``x`` itself in
+    place, else an empty one like it), or None for an ``x`` it does not
+    take (a CPU tensor, one that requires grad). None for a type it never
+    takes: the general path (:func:`adapt`) handles those.
+
+    Example:
+        >>> prepare = one_call_gpu(type(x))  # x a CuPy array
+        >>> stream, out = prepare(x, in_place=False)
+    """
+    library = kind.__module__.partition(".")[0]
+    if library == "cupy" and kind.__name__ == "ndarray":
+        # CuPy names its current stream in the interface (CAI v3).
+        empty_like = sys.modules["cupy"].empty_like
+        return lambda x, in_place: (None, x if in_place else empty_like(x))
+    torch = sys.modules.get("torch")
+    if library == "torch" and torch is not None and kind is torch.Tensor:
+        # torch's interface (CAI v2) names no stream: its current one made x.
+        # The raw accessor is what torch's own compilers use; the public
+        # call costs microseconds more.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+        def prepare(x, in_place):
+            if not x.is_cuda or x.requires_grad:
+                return None
+            device = x.get_device()
+            stream = raw(device) if raw else torch.cuda.current_stream(device).cuda_stream
+            return stream, x if in_place else torch.empty_like(x)
+        return prepare
+    return None

@@ -1,8 +1,9 @@
 """The collectives of tfring.core: each submits raw buffers to the core
 (``_tfring_core.enqueue``) and gives back arrays of the caller's kind.
-A single C-contiguous numpy array takes the short way instead
-(``_submit_array``: one ``submit_array`` call, which reads the buffer and
-makes the output in C++), as most steady-state calls are.
+A single C-contiguous numpy array, CuPy array or CUDA torch tensor takes
+the short way instead (``_submit_array``: one ``submit_array`` or
+``submit_device`` call, which reads the array and enqueues in C++), as most
+steady-state calls do.
 
 Every ``*_async`` function returns a :class:`Handle`; the blocking function
 of the same name is ``*_async(...).wait()``. The collective's arguments are
@@ -13,6 +14,7 @@ import numpy as np
 
 from tfring.core import _module, arrays, errors, names
 from tfring.core.lifecycle import _require_init
+from tfring.core.process_sets import global_process_set as _GLOBAL_SET
 from tfring.core.process_sets import process_set_id as _process_set_id
 
 # Reduce ops, numbered as the core (and Horovod) number them.
@@ -96,19 +98,37 @@ def _array_result(call):
     return call.result()
 
 
+_NOT_SEEN = object()
+# Per array type: how the one-call GPU path takes it (arrays.one_call_gpu),
+# or None; filled as types are first seen.
+_GPU_KINDS = {}
+
+
 def _submit_array(collective, x, name, process_set, op=Sum, prescale=1.0, postscale=1.0,
                   root_rank=0, in_place=False):
-    """The steady-state path: one numpy array submitted by one call into the
-    core (``submit_array``), which reads the buffer, makes the output and
-    enqueues there. Returns (an :class:`_ArrayHandle`, name), or (None,
-    name) when the call is not one it takes (another kind of array, a
+    """The steady-state path: one array submitted by one call into the core,
+    which reads it, makes the output (numpy) or takes the one made here (GPU
+    arrays) and enqueues there: ``submit_array`` for a numpy array,
+    ``submit_device`` for a CuPy array or CUDA torch tensor (allreduce and
+    broadcast). Returns (an :class:`_ArrayHandle`, name), or (None, name)
+    when the call is not one it takes (another kind of array, a
     non-contiguous or unsupported one, a process set object, unusual
     argument types): the general path (:func:`_submit`) then handles it with
     the name returned, and names any problem. A default name is numbered
     once either way, so that every rank numbers alike whichever path its
     array takes."""
     core = _module._module
-    if (core is None or type(x) is not np.ndarray or type(op) is not int
+    kind = type(x)
+    prepare = None
+    if kind is not np.ndarray:
+        prepare = _GPU_KINDS.get(kind, _NOT_SEEN)
+        if prepare is _NOT_SEEN:
+            prepare = _GPU_KINDS[kind] = arrays.one_call_gpu(kind)
+        if prepare is None or (collective != _ALLREDUCE and collective != _BROADCAST):
+            return None, name
+    if process_set is _GLOBAL_SET:
+        process_set = None  # tfring.torch passes it by default
+    if (core is None or type(op) is not int
             or (process_set is not None and type(process_set) is not int)):
         return None, name
     if not name:
@@ -119,8 +139,15 @@ def _submit_array(collective, x, name, process_set, op=Sum, prescale=1.0, postsc
     else:
         return None, name
     try:
-        call = core.submit_array(collective, x, name, intern, process_set or 0, op, prescale,
-                                 postscale, root_rank, in_place)
+        if prepare is None:
+            call = core.submit_array(collective, x, name, intern, process_set or 0, op, prescale,
+                                     postscale, root_rank, in_place)
+        else:
+            prepared = prepare(x, in_place)
+            if prepared is None:
+                return None, name
+            call = core.submit_device(collective, x, prepared[1], prepared[0], name, intern,
+                                      process_set or 0, op, prescale, postscale, root_rank)
     except TypeError:  # an argument pybind11 does not convert: the general path says why
         return None, name
     if call is None:

@@ -227,3 +227,72 @@ def test_numpy_calls_submit_in_one_call_with_interned_names(rank, size):
     strided = hvd.allreduce_async(x[::2], op=hvd.Sum, name="core.interned.strided")
     assert not isinstance(strided, ops._ArrayHandle)
     np.testing.assert_array_equal(strided.wait(), x[::2] * size)
+
+
+class _GpuLike:
+    """A GPU array as __cuda_array_interface__ describes one (nothing is
+    read through its pointer on a build without GPU support)."""
+
+    def __init__(self, shape=(2, 3), typestr="<f4", data=0xdead0000, read_only=False, stream=7,
+                 strides=None, device=0):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
+                                         "data": (data, read_only), "version": 3,
+                                         "strides": strides, "stream": stream}
+        if device is not None:
+            self.device = type("Device", (), {"id": device})()
+
+
+def test_gpu_arrays_submit_in_one_call_or_go_the_general_way(rank, size):
+    # submit_device() (issue 38) takes a GPU array it can describe whole and
+    # gives back None for any other, so that the general path reads it
+    # again and names the problem.
+    from tfring.core import _module, ops
+    core = _module.load()
+
+    def submit(x, out=None, stream=None, collective=ops._ALLREDUCE):
+        return core.submit_device(collective, x, x if out is None else out, stream,
+                                  "core.gpu.like", True, 0, hvd.Sum, 1.0, 1.0, 0)
+
+    for declined in (_GpuLike(strides=(12, 4)), _GpuLike(typestr="<c8"), _GpuLike(device=None),
+                     _GpuLike(data=0)):
+        assert submit(declined) is None, declined.__cuda_array_interface__
+    assert submit(_GpuLike(stream=None)) is None  # nobody says which stream made it
+    x = _GpuLike()
+    assert submit(x, out=_GpuLike(shape=(3, 2))) is None
+    assert submit(x, out=_GpuLike(read_only=True)) is None
+    assert submit(x, out=_GpuLike(typestr="<f8")) is None
+    assert submit(x, out=_GpuLike(device=1)) is None
+    assert submit(x, collective=ops._ALLGATHER) is None
+    if hvd.gpu_built():
+        return  # the GPU machine's tests/gpu/core_worker.py submits real arrays
+    # A build without GPU support refuses the array the way the general path
+    # does, on every rank, and nothing is left waiting on the others.
+    ops._GPU_KINDS[_GpuLike] = lambda x, in_place: (None, x if in_place else _GpuLike())
+    try:
+        for path in ("one call", "general"):
+            with pytest.raises(hvd.InvalidArgumentError, match="GPU") as one:
+                hvd.allreduce(_GpuLike(), op=hvd.Sum, name=f"core.gpu.like.{path}")
+            ops._GPU_KINDS[_GpuLike] = None
+            if path == "one call":
+                message = str(one.value)
+            else:
+                assert str(one.value) == message
+        # Refused on one rank only: the others' call fails too, naming it.
+        ops._GPU_KINDS[_GpuLike] = lambda x, in_place: (None, x if in_place else _GpuLike())
+        x = _GpuLike() if rank == 0 else np.ones((2, 3), np.float32)
+        with pytest.raises(hvd.CoreError) as one:
+            hvd.allreduce(x, op=hvd.Sum, name="core.gpu.like.rank0")
+        if rank != 0:
+            assert "rank 0 raised before submitting it" in str(one.value), one.value
+    finally:
+        ops._GPU_KINDS.pop(_GpuLike, None)
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="core.gpu.after"),
+                                  np.full(2, size))
+
+
+def test_torch_cpu_tensors_are_not_taken_for_the_gpu_path():
+    torch = pytest.importorskip("torch")
+    from tfring.core import arrays
+    prepare = arrays.one_call_gpu(torch.Tensor)
+    assert prepare is not None and prepare(torch.ones(2), False) is None
+    assert arrays.one_call_gpu(np.ndarray) is None and arrays.one_call_gpu(list) is None
