@@ -217,12 +217,14 @@ def main(argv=None):
             if ratios:
                 print(f"worst plane / {what}, {mode}, >= 1 MB: {100 * min(ratios):.1f}% "
                       "(target >= 90%)")
-    for label, core in (("from C++", program_rows), ("through tfring.core", core_rows)):
+    # Issue 38's targets: the C++ path >= 90%, tfring.core with CuPy >= 80%.
+    for label, core, target in (("from C++", program_rows, 90),
+                                ("through tfring.core", core_rows, 80)):
         for mode in ("pipelined", "latency"):
             ratios = [r["ratio"] for r in core if r.get("ratio") and r["mode"] == mode]
             if ratios:
                 print(f"worst whole core ({label}) / raw NCCL, {mode}, >= 1 MB: "
-                      f"{100 * min(ratios):.1f}% (target >= 90%)")
+                      f"{100 * min(ratios):.1f}% (target >= {target}%)")
 
 
 if __name__ == "__main__":
