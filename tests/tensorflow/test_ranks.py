@@ -7,7 +7,7 @@ alone on 4 ranks.
 
 The np x controller x plane matrix of the collectives themselves is the C++
 conformance suite's (tests/common/ops/test_conformance_cpp.py) and the
-per-plane run's (test_planes.py); these suites check what the binding adds
+per-plane run's (tests/common/ops/test_planes.py); these suites check what the binding adds
 (dtypes and shapes, modes, gradients, errors, Keras). tf_keras, the other
 Keras flavour, has launches of its own (tests/keras/test_keras_ranks.py).
 """

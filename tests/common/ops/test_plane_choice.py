@@ -2,9 +2,9 @@
 real job: shared memory on one host, the ring across hosts, hierarchical
 with two ranks per host. Each job runs every collective that a plane takes
 on tfring.core arrays, checks every value, and reads the timeline, which
-names the plane that ran each collective (so a fallback would show). The TF
-ops on each plane are tests/tensorflow/test_planes.py's; every plane's
-numerics are the C++ conformance suite's."""
+names the plane that ran each collective (so a fallback would show). Each
+plane forced, with the whole collectives suite, is test_planes.py's; every
+plane's numerics are the C++ conformance suite's."""
 import sys
 import textwrap
 

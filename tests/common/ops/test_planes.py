@@ -1,29 +1,27 @@
-"""The TF ops on every CPU data plane: the collective x dtype x op checks of
-ranks/test_collectives.py with each plane forced for every message size,
-under each controller that has it (np=2 or 3). The plane the core picks by
-itself is tests/common/ops/test_plane_choice.py's (on tfring.core). The
+"""Every CPU data plane forced, reached whole through the core: tfring.core's
+collectives rank suite (tests/core/ranks/test_collectives.py: every
+collective, dtype and op, scaling, grouping, fusion, async) with one plane
+forced for every message size, under each controller that has it (np=2 or
+3). The plane the core picks by itself is test_plane_choice.py's. The
 planes' thresholds and every size around them are the C++ conformance
-suite's (tests/common/ops/test_conformance_cpp.py); this checks that the TF
-ops reach each plane whole (scaling, averaging, dtypes, grouping, eager and
-tf.function). The timeline names the plane that ran each collective, which
-proves the plane was used rather than the fallback; after each job /dev/shm
-must hold no segment of ours."""
+suite's (test_conformance_cpp.py); this checks that a binding's calls reach
+each plane whole, through negotiation, fusion and the executor. The
+bindings add nothing per plane (the TF ops, Keras and torch reach the same
+Enqueue: their own rank suites check what they add), so the cheapest one,
+tfring.core, runs it. The timeline names the plane that ran each
+collective, which proves the plane was used rather than the fallback; after
+each job /dev/shm must hold no segment of ours."""
 import os
 import re
 
 import pytest
 
-from support import check_rank_suite
+from support import ROOT, check_rank_suite
 
-SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks", "test_collectives.py")
-# The suite's collective x dtype x op checks, eagerly and in tf.function (TF1
-# graph mode reaches the planes the same way and costs a third more): a
-# lean subset, one launch per combination, so that the matrix stays cheap.
-CHECKS = ("(allreduce_every_dtype_and_op or allreduce_bool or allreduce_scale_factors or "
-          "grouped_allreduce_mixed_dtypes or allgather_every_dtype or allgather_empty_rank or "
-          "broadcast_every_root_and_dtype or large_broadcast_and_allgather or "
-          "alltoall_with_splits or reducescatter_uneven_rows or grouped_reducescatter) "
-          "and not graph")
+SUITE = os.path.join(ROOT, "tests", "core", "ranks", "test_collectives.py")
+# Every collective check of the suite; not those of the binding itself
+# (topology, names, GPU and torch arrays).
+CHECKS = "not topology and not interned and not gpu and not torch"
 CUT_OVERS = {"TFRING_SHM_MIN_BYTES": "0", "TFRING_CROSS_HOST_MIN_BYTES": "0"}
 
 
@@ -80,8 +78,8 @@ def _run(np_, controller, env, name, tmp_path):
 
 # Each plane under each controller that has it, once, at np=2 or np=3 in
 # turn: the plane x np x size matrix, and the ring over TCP, are the C++
-# conformance suite's (it runs every plane at np=1, 2 and 3); here the TF ops
-# only have to reach each plane whole. (The TCP controller has no MPI plane:
+# conformance suite's (it runs every plane at np=1, 2 and 3); here a
+# binding's calls only have to reach each plane whole. (The TCP controller has no MPI plane:
 # its own plane is the ring, run here under it.)
 FORCED_CASES = [("shm", "mpi", 3), ("shm", "tcp", 2), ("ring", "mpi", 2), ("ring", "tcp", 3),
                 ("hierarchical", "mpi", 2), ("hierarchical", "tcp", 3), ("mpi", "mpi", 3)]
