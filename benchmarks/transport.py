@@ -201,6 +201,7 @@ def cross_host(np_, timeout):
 
 CORE = os.path.join(ROOT, "tf_ops", "common")
 CPP_RING_SOURCES = ["tests/bench/tcp_ring_bench.cc", "ops/ring_data_plane.cc",
+                    "ops/ring_pipeline.cc", "ops/allreduce_algorithms.cc",
                     "ops/comm_point_to_point.cc", "ops/adasum.cc", "reduction.cc", "common.cc",
                     "logging.cc", "peer_monitor.cc", "config.cc", "transport/communicator.cc",
                     "transport/tcp/tcp_communicator.cc", "transport/tcp/handshake.cc",
@@ -217,8 +218,8 @@ def build_cpp(tmp, core=CORE):
     binary = os.path.join(tmp, "tcp_ring_bench")
     cxx = os.environ.get("CXX", "g++").split()
     sources = [os.path.join(CORE, CPP_RING_SOURCES[0])]
-    # A tree from before the TCP communicator was split by concern (compared
-    # in the same run) has only tcp_communicator.cc of those files.
+    # A tree from before the TCP communicator or the ring plane was split by
+    # concern (compared in the same run) lacks some of these files.
     sources += [os.path.join(core, f) for f in CPP_RING_SOURCES[1:]
                 if os.path.exists(os.path.join(core, f))]
     subprocess.run([*cxx, "-std=c++17", "-O2", "-pthread", "-I", core, "-o", binary, *sources],

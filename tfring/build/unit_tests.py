@@ -61,7 +61,8 @@ UNIT_TEST_SOURCES = {
     "wait_policy_test.cc": ["transport/communicator.cc", "peer_monitor.cc", "logging.cc"],
     # Every CPU plane over MPI and over TCP (tests/common/ops/test_conformance_cpp.py).
     "conformance_test.cc": _TCP_WORLD + [
-        "ops/mpi_data_plane.cc", "ops/ring_data_plane.cc", "ops/hierarchical_data_plane.cc",
+        "ops/mpi_data_plane.cc", "ops/ring_data_plane.cc", "ops/ring_pipeline.cc",
+        "ops/hierarchical_data_plane.cc",
         "ops/allreduce_algorithms.cc",
         "ops/shm_data_plane.cc", "ops/shm_single_copy.cc", "ops/shm_segment.cc", "ops/adasum.cc",
         "ops/comm_point_to_point.cc", "mpi/mpi_context.cc", "mpi/mpi_communicator.cc",

@@ -74,17 +74,25 @@ class _DistributedMixin:
         return state.aggregator.step(grads, variables, apply_fn,
                                      lambda: self.iterations.assign_add(1))
 
+    def _tfring_stateful(self):
+        return getattr(self._tfring_settings["compression"], "stateful", False)
+
+    def _tfring_build_compression(self, variables, add_variable):
+        """Makes a stateful compressor's state (PowerSGD's) optimizer
+        variables, one per position of `variables` (the list the optimizer
+        is built with and the gradients come in), so that checkpoints,
+        model.save and TensorFlowKerasState save and restore them with the
+        optimizer's own. Once: later calls do nothing."""
+        if self._tfring_stateful():
+            self._tfring_settings["compression"].build([v.shape for v in variables],
+                                                       add_variable=add_variable)
+
 
 class _Keras3Mixin(_DistributedMixin):
     def build(self, variables):
         super().build(variables)
-        compression = self._tfring_settings["compression"]
-        if getattr(compression, "stateful", False):
-            # PowerSGD's state as optimizer variables: saved and restored with
-            # the optimizer's own (model.save, tf.train.Checkpoint, elastic).
-            compression.build([v.shape for v in variables], add_variable=(
-                lambda name, shape, dtype, init: self.add_variable(
-                    shape, initializer=init, dtype=dtype, name=name)))
+        self._tfring_build_compression(variables, lambda name, shape, dtype, init: (
+            self.add_variable(shape, initializer=init, dtype=dtype, name=name)))
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
@@ -103,12 +111,54 @@ class _Keras3Mixin(_DistributedMixin):
 
 
 class _TFKerasMixin(_DistributedMixin):
+    """tf_keras (Keras 2): its optimizers (tf_keras.optimizers.*) build in
+    build(var_list), its legacy ones (tf_keras.optimizers.legacy.*) in
+    _create_all_weights(var_list); the subclasses below hook the one their
+    base has."""
+
+    def _tfring_prebuild(self, variables):
+        raise NotImplementedError
+
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
+        if self._tfring_stateful():
+            # tf_keras builds inside apply_gradients, after the reduction
+            # has used the compressor's state: build first, with every
+            # variable (the positions the gradients come in), outside any
+            # tf.cond or compiled step.
+            with tf.init_scope():
+                self._tfring_prebuild(variables)
         parent = super()
         return self._tfring_update(
             grads, variables,
             lambda reduced: parent.apply_gradients(list(zip(reduced, variables)), *args,
                                                    **kwargs))
+
+
+class _TFKerasOptimizerMixin(_TFKerasMixin):
+    def build(self, var_list):
+        super().build(var_list)
+        self._tfring_build_compression(var_list, lambda name, shape, dtype, init: (
+            self.add_variable(shape, dtype=dtype, initializer=init, name=name)))
+
+    def _tfring_prebuild(self, variables):
+        self.build(variables)
+
+
+class _TFKerasLegacyMixin(_TFKerasMixin):
+    def _create_all_weights(self, var_list):
+        super()._create_all_weights(var_list)
+        self._tfring_build_compression(var_list, self._tfring_add_weight)
+
+    def _tfring_add_weight(self, name, shape, dtype, init):
+        # add_weight makes the variable a checkpoint dependency (by name);
+        # _weights is what optimizer.variables() and get_weights() list.
+        variable = self.add_weight(name, shape, dtype=tf.as_dtype(dtype), initializer=init,
+                                   trainable=False)
+        self._weights.append(variable)
+        return variable
+
+    def _tfring_prebuild(self, variables):
+        self._create_all_weights(variables)

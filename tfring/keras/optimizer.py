@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from tfring.common.process_sets import global_process_set
 from tfring.keras import xla
-from tfring.keras.distributed import _DistributedMixin, _Keras3Mixin, _TFKerasMixin
+from tfring.keras.distributed import (_DistributedMixin, _Keras3Mixin, _TFKerasLegacyMixin,
+                                      _TFKerasOptimizerMixin)
 from tfring.tensorflow import mpi_ops
 from tfring.tensorflow.compression import Compression
 from tfring.tensorflow.gradient_aggregation import GradientReducer
@@ -39,8 +40,10 @@ def _distributed_class(base, settings):
     if _is_keras3(base):
         xla.install()
         mixin = _Keras3Mixin
+    elif hasattr(base, "_create_all_weights"):
+        mixin = _TFKerasLegacyMixin  # tf_keras.optimizers.legacy.*
     else:
-        mixin = _TFKerasMixin
+        mixin = _TFKerasOptimizerMixin
     # Same name and module as the base, so saved configs name the plain
     # optimizer and load anywhere (tfring.keras.load_model re-wraps it).
     return type(base.__name__, (mixin, base),
@@ -78,7 +81,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Args:
         optimizer: the Keras optimizer to wrap (not yet used for training).
         name: optional new name for the optimizer.
-        compression: Compression.none, fp16 or bf16 (tfring.tensorflow.compression).
+        compression: Compression.none, fp16, bf16 or powersgd(...)
+            (tfring.tensorflow.compression); PowerSGD's state becomes
+            optimizer variables.
         sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
         gradient_predivide_factor: with op=Average, divide before the sum.
         op: hvd.Average (default), hvd.Sum or hvd.Adasum (gradients are

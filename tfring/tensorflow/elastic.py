@@ -200,7 +200,9 @@ class TensorFlowKerasState(ObjectState):
                 built = getattr(inner, "_built", False)
             if not built and hasattr(inner, "build"):
                 inner.build(self.model.trainable_variables)
-            variables += [v for v in opt.variables if all(v is not m for m in variables)]
+            # A property, or a method in tf_keras's legacy optimizers.
+            mine = opt.variables() if callable(opt.variables) else opt.variables
+            variables += [v for v in mine if all(v is not m for m in variables)]
         return variables
 
     def _save_variables(self):

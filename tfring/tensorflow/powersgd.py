@@ -4,10 +4,11 @@ it runs eagerly, in a tf.function and in a TF1 graph.
 
 State, per compressed gradient (by its position in the list of variables
 the optimizer or tape reduces), in float32: the m x r matrix Q (the same on every rank)
-and the n x m error feedback (this rank's own); and the step. With a Keras 3
-DistributedOptimizer they are optimizer variables (created in
-``optimizer.build``), so ``model.save``, ``tf.train.Checkpoint`` and
-tfring's TensorFlowKerasState save and restore them. Elsewhere the
+and the n x m error feedback (this rank's own); and the step. With a
+tfring.keras DistributedOptimizer (Keras 3 or tf_keras) they are optimizer
+variables (created when the optimizer is built), so ``model.save``,
+``tf.train.Checkpoint`` and tfring's TensorFlowKerasState save and restore
+them. Elsewhere the
 compressor is a ``tf.Module``: checkpoint it yourself, e.g.
 ``tf.train.Checkpoint(model=model, powersgd=compression)``.
 """

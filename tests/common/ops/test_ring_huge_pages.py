@@ -1,5 +1,5 @@
 """The ring data plane asks for transparent huge pages on a large fresh
-output (ring_data_plane.cc, AdviseHugePages): a framework's new 64 MB
+output (ring_pipeline.cc, AdviseHugePages): a framework's new 64 MB
 result is then faulted in 2 MiB at a time instead of 4 KiB
 (benchmarks/RESULTS_CROSS_HOST.md: the TF op's CPU per 64 MB call fell by
 a third). Checked where it can show: with THP in "madvise" mode (with

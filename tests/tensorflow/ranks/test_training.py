@@ -34,14 +34,16 @@ def test_distributed_gradient_tape_matches_single_process(rank, size, in_functio
     assert_trained_like_reference(w.numpy(), b.numpy(), size)
 
 
+@pytest.mark.parametrize("jit_compile", [False] + ([True] if XLA else []),
+                         ids=["function"] + (["xla"] if XLA else []))
 @pytest.mark.parametrize("name,tol", [("fp16", 2e-3), ("bf16", 2e-2)])
-def test_distributed_gradient_tape_with_16bit_compression(rank, size, name, tol):
+def test_distributed_gradient_tape_with_16bit_compression(rank, size, name, tol, jit_compile):
     x, y = global_data(size)
     w0, b0 = initial_weights(rank)
     w, b = tf.Variable(w0), tf.Variable(b0)
     hvd.broadcast_variables([w, b], root_rank=0)
 
-    @tf.function
+    @tf.function(jit_compile=jit_compile)
     def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(tf.matmul(xb, w) + b - yb))
@@ -54,10 +56,12 @@ def test_distributed_gradient_tape_with_16bit_compression(rank, size, name, tol)
     assert_trained_like_reference(w.numpy(), b.numpy(), size, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("in_function", [False, True] + (["xla"] if XLA else []),
+                         ids=["eager", "function"] + (["xla"] if XLA else []))
 def test_distributed_gradient_tape_with_powersgd(rank, size, in_function):
     """Gradients u v_r^T average to a rank-1 matrix, which rank-1 PowerSGD
-    gets exactly; step 1 (before start_step) is uncompressed."""
+    gets exactly; step 1 (before start_step) is uncompressed. Compiled with
+    XLA, the switch at start_step is a conditional around the collectives."""
     u = np.arange(1.0, 9.0, dtype=np.float32)
     vs = [np.random.RandomState(r).randn(6).astype(np.float32) for r in range(size)]
     w = tf.Variable(tf.zeros([8, 6]))
@@ -70,7 +74,7 @@ def test_distributed_gradient_tape_with_powersgd(rank, size, in_function):
         return hvd.DistributedGradientTape(tape, compression=compression).gradient(
             loss, [w, bias])
     if in_function:
-        step = tf.function(step)
+        step = tf.function(step, jit_compile=in_function == "xla")
     expected = np.outer(u, np.mean(vs, 0))
     for _ in range(3):
         gw, gb = step()

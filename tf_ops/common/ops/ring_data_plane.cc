@@ -11,12 +11,8 @@
 // any allreduce can move, and every block is reduced on exactly one rank, so
 // all ranks end with bit-identical results.
 //
-// Every block is cut further into pieces, and the steps are pipelined piece
-// by piece rather than step by step: as soon as piece k of step s has arrived
-// and been reduced, piece k of step s+1 is on its way to the right neighbour,
-// while pieces k+1.. of step s are still arriving. A few receives are kept
-// posted ahead (`window`), so the transfer of one piece overlaps the
-// reduction of the one before it.
+// The steps are pipelined piece by piece (ring_pipeline.h: the ring's
+// transport plumbing); this file holds the collectives' schedules.
 //
 // Allgather and reducescatter are the two halves of that ring (reducescatter
 // shifted by one block so that rank r ends with block r, and with uneven
@@ -29,109 +25,20 @@
 // peer that dies ends the collective with an error instead of a hang.
 #include "ring_data_plane.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <limits>
 
 #include "../logging.h"
 #include "../reduction.h"
 #include "allreduce_algorithms.h"
 #include "comm_point_to_point.h"
+#include "ring_pipeline.h"
 
 namespace tfring {
 namespace ring_internal {
 namespace {
-
-// Piece sizes chosen by message size: about kPiecesPerBlock pieces per block
-// (enough to overlap transfer and reduction), never so small that per-message
-// cost dominates, never so large that a piece stops fitting in cache. A sweep
-// of segment sizes 64 KiB..4 MiB and windows 2..8 (with the MPI ring test's
-// former --bench mode) on the 2-core dev machine showed no setting clearly
-// better than these; the differences were within that machine's noise.
-constexpr int64_t kMinPieceBytes = 64 << 10;
-constexpr int64_t kMaxPieceBytes = 1 << 20;
-constexpr int64_t kPiecesPerBlock = 4;
-constexpr int kDefaultWindow = 4;
-
-// One tag range per collective, one tag per step within it, all below
-// kCollectiveTagBase (BarrierP2P's) and within the 32767 every transport
-// allows. Messages of one collective between two ranks also match in order,
-// so the tags are a safety net and a help when reading traces.
-enum TagKind {
-  kAllreduceTag = 1,
-  kAllgatherTag = 2,
-  kBroadcastTag = 3,
-  kReducescatterTag = 4,
-  kAlltoallTag = 5,
-  kAdasumTag = 6,
-  kAlgorithmsTag = 7  // AllreduceAlgorithms: tags 7 * 4096 + 0..1023
-};
-int Tag(TagKind kind, int step) { return kind * 4096 + (step & 4095); }
-
-// A piece of a block: byte offset within the block and length in bytes.
-struct Piece {
-  int64_t off;
-  int64_t len;
-};
-
-int Mod(int64_t a, int n) { return static_cast<int>(((a % n) + n) % n); }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Bytes per piece for a message of `total_bytes` split into `blocks` blocks,
-// a multiple of `esize`.
-int64_t PieceBytes(int64_t total_bytes, int blocks, int64_t esize, const RingOptions& opt) {
-  int64_t piece = opt.segment_bytes;
-  if (piece <= 0) {
-    piece = std::min(kMaxPieceBytes,
-                     std::max(kMinPieceBytes, total_bytes / blocks / kPiecesPerBlock));
-  }
-  return std::max(esize, piece / esize * esize);
-}
-
-// `elems` elements of `esize` bytes as `nseg` pieces whose sizes differ by
-// at most one element.
-void SplitEven(int64_t elems, int64_t esize, int64_t nseg, std::vector<Piece>* out) {
-  out->clear();
-  out->reserve(nseg);
-  for (int64_t k = 0; k < nseg; ++k) {
-    const int64_t b = elems / nseg * k + std::min(k, elems % nseg);
-    const int64_t len = elems / nseg + (k < elems % nseg ? 1 : 0);
-    out->push_back({b * esize, len * esize});
-  }
-}
-
-// Splits `elems` into pieces of at most `piece_bytes` (no pieces when empty).
-void SplitBySize(int64_t elems, int64_t esize, int64_t piece_bytes, std::vector<Piece>* out) {
-  SplitEven(elems, esize, CeilDiv(elems * esize, piece_bytes), out);
-}
-
-// A result the framework has just allocated is faulted in page by page as
-// the ring first writes it: TensorFlow's CPU allocator takes a 64 MB output
-// straight from mmap and gives it back after the step, so every call pays
-// 16384 faults of 4 KiB pages. On the 2-core development VM that first touch
-// cost 151 ms of CPU per 64 MB (29.5 ms with 2 MiB pages), more than the TCP
-// copies of the data, and across hosts it was what kept a TF allreduce off
-// the link where the CPUs bind (benchmarks/RESULTS_CROSS_HOST.md). Asking
-// for transparent huge pages on the output's 2 MiB-aligned interior makes
-// that 32 faults where the kernel allows THP on request (its common
-// "madvise" setting); on memory already touched the advice only takes effect
-// if khugepaged later collapses it, and where THP is off it does nothing.
-constexpr int64_t kHugePageAdviceMinBytes = 8 << 20;
-constexpr uintptr_t kHugePage = 2u << 20;
-
-void AdviseHugePages(void* data, int64_t bytes) {
-  if (bytes < kHugePageAdviceMinBytes) return;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + uintptr_t(bytes)) & ~(kHugePage - 1);
-  // Advice only: memory that cannot take it (not anonymous, THP off) is
-  // used as it is.
-  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
 
 Status CheckReduceOp(ReduceOp op, const char* what) {
   if (op == ReduceOp::SUM || op == ReduceOp::MIN || op == ReduceOp::MAX ||
@@ -142,33 +49,11 @@ Status CheckReduceOp(ReduceOp op, const char* what) {
                                  " with reduce op " + ReduceOpName(op));
 }
 
-// Gives up on requests left behind by a failed collective. Receives go
-// first so that a late message cannot land in memory the caller reuses.
-void Abandon(Communicator& comm, std::vector<CommRequestPtr>* recvs,
-             std::vector<CommRequestPtr>* sends) {
-  for (CommRequestPtr& req : *recvs) comm.Cancel(&req);
-  for (CommRequestPtr& req : *sends) comm.Cancel(&req);
-}
-
-// Waits for a ring message. Data movement spins (a transport such as MPI
-// progresses only inside Test), yielding the CPU between polls after a short
-// spin: a ring moves many pieces, each a hand-off between two ranks, and when
-// ranks outnumber cores a rank spinning through its whole time slice keeps
-// the rank it waits for off the CPU (3 ranks on 2 cores ran the ring test
-// about twice as slow without the yield). With a core per rank the yield
-// returns at once.
-Status WaitFor(Communicator& comm, CommRequestPtr* req, const char* what) {
-  Status s = comm.Wait(req->get(), what, true);
-  if (s.ok()) req->reset();
-  return s;
-}
-
 class RingDataPlane : public DataPlane {
  public:
   RingDataPlane(std::shared_ptr<Communicator> comm, const RingOptions& opt)
       : comm_(std::move(comm)), adasum_p2p_(comm_, Tag(kAdasumTag, 0)),
-        algorithms_(comm_, Tag(kAlgorithmsTag, 0)), opt_(opt),
-        window_(opt.window > 0 ? opt.window : kDefaultWindow) {}
+        algorithms_(comm_, Tag(kAlgorithmsTag, 0)), pipeline_(comm_, opt.window), opt_(opt) {}
 
   const char* name() const override { return "ring"; }
 
@@ -188,29 +73,6 @@ class RingDataPlane : public DataPlane {
   }
 
  private:
-  // One ring collective: `steps` steps; at step s this rank sends block
-  // send_block(s) to the right and receives block recv_block(s) from the
-  // left, piece by piece. recv_block(s) must equal send_block(s + 1): piece k
-  // of step s+1 is sent as soon as piece k of step s has been received (and
-  // processed by on_recv).
-  struct Plan {
-    int steps = 0;
-    TagKind tag = kAllreduceTag;
-    const std::vector<std::vector<Piece>>* pieces = nullptr;  // per block
-    std::function<int(int)> send_block, recv_block;
-    // Where block b lives for the send of step s.
-    std::function<const char*(int s, int b)> send_base;
-    // Where block b is received at step s; nullptr: into a scratch slot of
-    // slot_bytes, handed to on_recv.
-    std::function<char*(int s, int b)> recv_base;
-    int64_t slot_bytes = 0;
-    // Called when a piece has arrived, with where it landed. May be empty.
-    std::function<Status(int s, int b, const Piece& piece, char* data)> on_recv;
-    // Upper bound of the receive window (see Allreduce).
-    int max_window = std::numeric_limits<int>::max();
-  };
-
-  Status Run(const Plan& plan);
   Status RingAllreduce(const void* input, void* output, int64_t count, DataType dtype,
                        ReduceOp op);
 
@@ -221,103 +83,10 @@ class RingDataPlane : public DataPlane {
   bool costs_measured_ = false;
   LinkCosts costs_;
   std::vector<char> adasum_scratch_;
+  RingPipeline pipeline_;
   RingOptions opt_;
-  int window_;
-  std::vector<char> slots_;  // receive slots of the scatter-reduce
   std::vector<char> work_;   // partial sums of the reducescatter
 };
-
-Status RingDataPlane::Run(const Plan& p) {
-  const int n = comm_->size(), r = comm_->rank();
-  const int right = Mod(r + 1, n), left = Mod(r - 1, n);
-  const auto& pieces = *p.pieces;
-  const int window = std::max(1, std::min(window_, p.max_window));
-
-  struct Unit {
-    int step;
-    int k;
-  };
-  std::vector<Unit> units;  // every piece this rank receives, in order
-  for (int s = 0; s < p.steps; ++s) {
-    const int b = p.recv_block(s);
-    for (int k = 0; k < static_cast<int>(pieces[b].size()); ++k) units.push_back({s, k});
-  }
-  if (p.slot_bytes > 0) {
-    const size_t need = static_cast<size_t>(p.slot_bytes) * window;
-    if (slots_.size() < need) slots_.resize(need);
-  }
-  std::vector<CommRequestPtr> recvs(units.size());
-  std::vector<char*> landed(units.size(), nullptr);
-  std::vector<CommRequestPtr> sends;
-  sends.reserve(units.size() + (p.steps > 0 ? pieces[p.send_block(0)].size() : 0));
-  // The latest send out of each piece of each block, so that no receive
-  // (and no reduction) writes a piece of memory a pending send still reads.
-  std::vector<std::vector<int>> last_send(pieces.size());
-  for (size_t b = 0; b < pieces.size(); ++b) last_send[b].assign(pieces[b].size(), -1);
-
-  auto settle = [&](int b, int k) -> Status {
-    const int i = last_send[b][k];
-    if (i < 0 || !sends[i]) return Status::OK();
-    return WaitFor(*comm_, &sends[i], "ring send");
-  };
-  auto post_send = [&](int s, int k) -> Status {
-    const int b = p.send_block(s);
-    const Piece& pc = pieces[b][k];
-    CommRequestPtr req;
-    TFRING_RETURN_IF_ERROR(
-        comm_->Isend(p.send_base(s, b) + pc.off, pc.len, right, Tag(p.tag, s), &req));
-    last_send[b][k] = static_cast<int>(sends.size());
-    sends.push_back(std::move(req));
-    return Status::OK();
-  };
-  auto post_recv = [&](size_t u) -> Status {
-    const Unit& un = units[u];
-    const int b = p.recv_block(un.step);
-    const Piece& pc = pieces[b][un.k];
-    char* base = p.recv_base ? p.recv_base(un.step, b) : nullptr;
-    char* dst;
-    if (base != nullptr) {
-      TFRING_RETURN_IF_ERROR(settle(b, un.k));
-      dst = base + pc.off;
-    } else {
-      dst = slots_.data() + static_cast<int64_t>(u % window) * p.slot_bytes;
-    }
-    landed[u] = dst;
-    return comm_->Irecv(dst, pc.len, left, Tag(p.tag, un.step), &recvs[u]);
-  };
-  auto body = [&]() -> Status {
-    // Receives first, so the first pieces find them posted.
-    for (size_t u = 0; u < units.size() && u < static_cast<size_t>(window); ++u) {
-      TFRING_RETURN_IF_ERROR(post_recv(u));
-    }
-    if (p.steps > 0) {
-      const int b0 = p.send_block(0);
-      for (int k = 0; k < static_cast<int>(pieces[b0].size()); ++k) {
-        TFRING_RETURN_IF_ERROR(post_send(0, k));
-      }
-    }
-    for (size_t u = 0; u < units.size(); ++u) {
-      TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &recvs[u], "ring receive"));
-      const Unit un = units[u];
-      const int b = p.recv_block(un.step);
-      if (p.on_recv) {
-        TFRING_RETURN_IF_ERROR(settle(b, un.k));
-        TFRING_RETURN_IF_ERROR(p.on_recv(un.step, b, pieces[b][un.k], landed[u]));
-      }
-      // Forward first (it never waits), then re-arm the window (which may
-      // wait for an old send out of the memory it receives into).
-      if (un.step + 1 < p.steps) TFRING_RETURN_IF_ERROR(post_send(un.step + 1, un.k));
-      if (u + window < units.size()) TFRING_RETURN_IF_ERROR(post_recv(u + window));
-    }
-    for (CommRequestPtr& req : sends) {
-      if (req) TFRING_RETURN_IF_ERROR(WaitFor(*comm_, &req, "ring send"));
-    }
-    return Status::OK();
-  };
-  Status s = body();
-  if (!s.ok()) Abandon(*comm_, &recvs, &sends);
-  return s;
-}
 
 Status RingDataPlane::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                                 ReduceOp op) {
@@ -372,12 +141,12 @@ Status RingDataPlane::RingAllreduce(const void* input, void* output, int64_t cou
   // The same number of pieces in every block: receives are then posted in
   // lock-step on all ranks, which the window bound below relies on.
   const int64_t max_len = len[0];
-  const int64_t piece = PieceBytes(count * esize, n, esize, opt_);
+  const int64_t piece = PieceBytes(count * esize, n, esize, opt_.segment_bytes);
   const int64_t nseg = std::max<int64_t>(1, CeilDiv(max_len * esize, piece));
   std::vector<std::vector<Piece>> pieces(n);
   for (int b = 0; b < n; ++b) SplitEven(len[b], esize, nseg, &pieces[b]);
 
-  Plan plan;
+  RingPlan plan;
   plan.steps = 2 * (n - 1);
   plan.tag = kAllreduceTag;
   plan.pieces = &pieces;
@@ -409,7 +178,7 @@ Status RingDataPlane::RingAllreduce(const void* input, void* output, int64_t cou
   plan.max_window = static_cast<int>(std::min<int64_t>(n * nseg, std::numeric_limits<int>::max()));
   TFRING_LOG(TRACE) << "ring allreduce: " << count << " x " << DataTypeName(dtype) << ", " << nseg
                     << " pieces per block";
-  return Run(plan);
+  return pipeline_.Run(plan);
 }
 
 Status RingDataPlane::Allgather(const void* send, void* recv,
@@ -431,11 +200,11 @@ Status RingDataPlane::Allgather(const void* send, void* recv,
   if (recv_bytes[r] > 0 && out + off[r] != send) std::memmove(out + off[r], send, recv_bytes[r]);
   if (n == 1 || total == 0) return Status::OK();
 
-  const int64_t piece = PieceBytes(total, n, 1, opt_);
+  const int64_t piece = PieceBytes(total, n, 1, opt_.segment_bytes);
   std::vector<std::vector<Piece>> pieces(n);
   for (int b = 0; b < n; ++b) SplitBySize(recv_bytes[b], 1, piece, &pieces[b]);
 
-  Plan plan;
+  RingPlan plan;
   plan.steps = n - 1;
   plan.tag = kAllgatherTag;
   plan.pieces = &pieces;
@@ -444,7 +213,7 @@ Status RingDataPlane::Allgather(const void* send, void* recv,
   plan.send_base = [&](int, int b) -> const char* { return out + off[b]; };
   plan.recv_base = [&](int, int b) -> char* { return out + off[b]; };
   TFRING_LOG(TRACE) << "ring allgather: " << total << " bytes";
-  return Run(plan);
+  return pipeline_.Run(plan);
 }
 
 Status RingDataPlane::Broadcast(void* buffer, int64_t bytes, int root) {
@@ -462,7 +231,7 @@ Status RingDataPlane::Broadcast(void* buffer, int64_t bytes, int root) {
   const int next = pos < n - 1 ? Mod(r + 1, n) : -1;
   const int prev = pos > 0 ? Mod(r - 1, n) : -1;
   std::vector<Piece> pieces;
-  SplitBySize(bytes, 1, PieceBytes(bytes, 1, 1, opt_), &pieces);
+  SplitBySize(bytes, 1, PieceBytes(bytes, 1, 1, opt_.segment_bytes), &pieces);
   const int npieces = static_cast<int>(pieces.size());
   std::vector<CommRequestPtr> recvs(prev >= 0 ? npieces : 0);
   std::vector<CommRequestPtr> sends;
@@ -582,11 +351,11 @@ Status RingDataPlane::Reducescatter(const void* send, void* recv,
   // added in place there; no slots, no copies.
   if (work_.size() < static_cast<size_t>(total * esize)) work_.resize(total * esize);
   char* work = work_.data();
-  const int64_t piece = PieceBytes(total * esize, n, esize, opt_);
+  const int64_t piece = PieceBytes(total * esize, n, esize, opt_.segment_bytes);
   std::vector<std::vector<Piece>> pieces(n);
   for (int b = 0; b < n; ++b) SplitBySize(recv_counts[b], esize, piece, &pieces[b]);
 
-  Plan plan;
+  RingPlan plan;
   plan.steps = n - 1;
   plan.tag = kReducescatterTag;
   plan.pieces = &pieces;
@@ -601,7 +370,7 @@ Status RingDataPlane::Reducescatter(const void* send, void* recv,
     return ReduceInto(data, in + off[b] * esize + pc.off, pc.len / esize, dtype, op);
   };
   TFRING_LOG(TRACE) << "ring reducescatter: " << total << " x " << DataTypeName(dtype);
-  return Run(plan);
+  return pipeline_.Run(plan);
 }
 
 }  // namespace
