@@ -24,11 +24,13 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     from tfring.runner.processes import descendants
-    # Ray Train waits this long for a worker group's resources before it
-    # tries a smaller one. After a node is removed, Ray still counts its
-    # resources for a while, so a shrink waits out this timeout once; the
-    # default is 60 s. Ray hands the variable on to its controller.
-    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "20")
+    # Ray Train waits this long for a worker group's placement group (its
+    # resources, nothing more: the workers start after it) before it tries a
+    # smaller one. After a node is removed, Ray still counts its resources
+    # for a while, so a shrink waits out this timeout once; the default is
+    # 60 s. On one machine a placement group whose resources exist is ready
+    # within a second. Ray hands the variable on to its controller.
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "8")
     before = set(descendants([os.getpid()]))
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 4, "resources": {RESIZE_SLOT: 2}, "object_store_memory": 200 << 20,
