@@ -24,8 +24,56 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "chaos"))
 
 import chaos  # noqa: E402
 
+# Rounds a worker lives before its memory counts (see memory_summary).
+WARMUP_ROUNDS = 3
 
-def summary(report):
+
+def _median(values):
+    values = sorted(values)
+    return values[len(values) // 2] if values else 0
+
+
+def memory_summary(memory_kb, warmup_rounds=WARMUP_ROUNDS):
+    """Lines on each worker's resident memory (sampled after every round).
+
+    A worker's first rounds each bring something it has not done before (a
+    lost peer's error path, a job size it has not run at), which costs once:
+    the growth per round by the worker's age shows whether it stops (a leak
+    per reset would not; benchmarks/elastic_memory.py measures that alone). Growth
+    "after warm-up" runs from the sample after the worker's first
+    `warmup_rounds` rounds to its last; the old statistic (from its second
+    sample) is kept beside it."""
+    lines = ["memory (RSS) per worker, sampled after every round:"]
+    by_age = collections.defaultdict(list)
+    raw, warm = [], []
+    for wid, samples in memory_kb.items():
+        for age in range(1, len(samples)):
+            by_age[min(age, 10)].append(samples[age][1] - samples[age - 1][1])
+        if len(samples) >= 3:
+            raw.append(((samples[-1][1] - samples[1][1]) / 1024, wid,
+                        samples[-1][0] - samples[1][0]))
+        if len(samples) >= warmup_rounds + 2:
+            warm.append(((samples[-1][1] - samples[warmup_rounds][1]) / 1024, wid,
+                         samples[-1][0] - samples[warmup_rounds][0]))
+    lines.append("  growth in a round by the worker's age in rounds (KB): "
+                 + ", ".join(f"{age if age < 10 else '10+'}: median {_median(d)} mean "
+                             f"{sum(d) / len(d):.0f} (n={len(d)})"
+                             for age, d in sorted(by_age.items())))
+    for name, rows in (("from its 2nd sample (workers sampled 3+ times)", raw),
+                       (f"after warm-up (from the sample after its first {warmup_rounds} "
+                        f"rounds)", warm)):
+        if not rows:
+            continue
+        rows.sort()
+        worst = ", ".join(f"worker {w}: {g:+.2f} MB over {t:.0f} s" for g, w, t in rows[-3:])
+        lines.append(f"  growth {name}: {len(rows)} workers, median "
+                     f"{_median(g for g, _, _ in rows):+.2f} MB, max {rows[-1][0]:+.2f} MB "
+                     f"(target 1 MB: {'met' if rows[-1][0] <= 1.0 else 'missed'}); largest: "
+                     f"{worst}")
+    return lines
+
+
+def summary(report, warmup_rounds=WARMUP_ROUNDS):
     rounds = report["rounds"]
     lines = [f"seed {report['seed']}, {report['hosts']} fake hosts, {len(rounds)} rounds, "
              f"{report['steps']} steps in {report['seconds']:.0f} s, exit code "
@@ -51,15 +99,7 @@ def summary(report):
                      f"{longest['host']}): {longest['whole_s']} s")
     lines.append(f"largest loss distance from the replay (relative): "
                  f"{max((r['loss_rtol'] for r in rounds), default=0):.2e}")
-    lines.append("memory (RSS) per worker: first sample after start-up, last, growth, "
-                 "seconds between them")
-    for wid, samples in sorted(report["memory_kb"].items(), key=lambda kv: int(kv[0])):
-        if len(samples) < 3:
-            continue
-        (t1, first), (t2, last) = samples[1], samples[-1]
-        lines.append(f"  worker {wid}: {first / 1024:.1f} MB -> {last / 1024:.1f} MB "
-                     f"({(last - first) / 1024:+.2f} MB over {t2 - t1:.0f} s, "
-                     f"{len(samples)} samples)")
+    lines.extend(memory_summary(report["memory_kb"], warmup_rounds))
     return "\n".join(lines)
 
 
@@ -70,6 +110,8 @@ def main():
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--step-sleep", type=float, default=0.25,
                         help="seconds each worker sleeps between steps (CPU it takes)")
+    parser.add_argument("--warmup-rounds", type=int, default=WARMUP_ROUNDS,
+                        help="rounds a worker lives before its memory growth counts")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tfring-chaos-") as workdir:
@@ -81,7 +123,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
-    print(summary(report))
+    print(summary(report, args.warmup_rounds))
 
 
 if __name__ == "__main__":
