@@ -116,6 +116,13 @@ def main():
         grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
         opt.apply_gradients(zip(grads, model.trainable_variables))
 
+    @tf.function
+    def sparse_mean():
+        # Traced once, at the first size: its average must follow the size
+        # the job has when it runs (each rank gives one row of ones).
+        rows = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([3, 2]))
+        return tf.reduce_sum(hvd.allreduce(rows, op=hvd.Average, name="sparse.mean").values)
+
     @hvd.elastic.run
     def train(state):
         while state.step < steps:
@@ -133,6 +140,9 @@ def main():
                     state.check_host_updates()
             idx = batch_index(s, n, r, len(x))
             train_step(tf.constant(x[idx]), tf.constant(y[idx]))
+            total = float(sparse_mean())
+            if abs(total - 2.0) > 1e-5:
+                raise AssertionError(f"a sparse average at size {n} summed to {total}, not 2")
             if sleep:
                 time.sleep(sleep)
             state.step += 1

@@ -283,7 +283,10 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
             indices = allgather(tensor.indices, process_set=process_set,
                                 ignore_name_scope=ignore_name_scope)
         if op == Average:
-            values = values / tf.cast(process_set.size(), values.dtype)
+            # The size as an op, read when the step runs: a tf.function
+            # traced at one size runs on after an elastic reset to another.
+            size = size_op(process_set_id=_process_set_id(process_set))
+            values = values / tf.cast(size, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     tensor = tf.convert_to_tensor(tensor)
     tensors, op, prescale_factor = _predivide([tensor], compression, op, prescale_factor,
