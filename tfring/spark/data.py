@@ -11,8 +11,10 @@ shuffle buffer permutes blocks of rows in numpy, and tf.data cuts the
 blocks into batches (``rebatch``), so no step of the pipeline works row
 by row.
 
-Memory held beyond TensorFlow's own: one pyarrow read block, the shuffle
-buffer (up to twice its rows), and tf.data's prefetch of two batches.
+Memory held beyond TensorFlow's own: one pyarrow read block and the
+pages it comes from (read in pieces of 256 KB, never a column chunk
+whole), the shuffle buffer (up to twice its rows), and tf.data's prefetch
+of two batches.
 """
 import numpy as np
 
@@ -42,6 +44,20 @@ def plan_share(store, path, rank, size):
             share.append((name, g, start - first, stop - first))
     counts = [bounds[r + 1] - bounds[r] for r in range(size)]
     return share, counts
+
+
+# pyarrow reads a row group's column chunks whole by default (pre_buffer),
+# up to Spark's 128 MB row group per rank; unbuffered, one chunk a column.
+# Read in pieces of this size instead, so what a rank holds does not grow
+# with the row groups.
+_READ_BUFFER_BYTES = 256 << 10
+
+
+def parquet_file(f):
+    """A ``pyarrow.parquet.ParquetFile`` over the open file `f` that reads
+    its data in pieces of `_READ_BUFFER_BYTES`, never a column chunk whole."""
+    import pyarrow.parquet as pq
+    return pq.ParquetFile(f, buffer_size=_READ_BUFFER_BYTES, pre_buffer=False)
 
 
 def column_to_numpy(array, name):
@@ -74,10 +90,9 @@ def column_to_numpy(array, name):
 def batches(store, share, columns, read_rows):
     """Yields, for each read batch of the share, a list of numpy arrays
     (one per column of `columns`)."""
-    import pyarrow.parquet as pq
     for name, group, start, stop in share:
         with store.fs.open(name, "rb") as f:
-            reader = pq.ParquetFile(f)
+            reader = parquet_file(f)
             seen = 0
             for batch in reader.iter_batches(batch_size=read_rows, row_groups=[group],
                                              columns=list(columns), use_threads=False):

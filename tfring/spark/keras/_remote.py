@@ -28,6 +28,26 @@ def load_model(data, custom_objects=None):
         return tf.keras.models.load_model(path, custom_objects=custom_objects, compile=False)
 
 
+def _checkpoint_model(store, run_id, custom_objects):
+    """The run's checkpoint as a compiled model whose optimizer (distributed,
+    its variables restored) carries on where the run stopped.
+
+    Raises:
+        ValueError: the checkpoint holds no optimizer (not written by a fit).
+    """
+    import tfring.keras as hvd
+    path = store.get_checkpoint_path(run_id)
+    with tempfile.TemporaryDirectory(prefix="tfring-keras-") as scratch:
+        local = os.path.join(scratch, "model.keras")
+        with open(local, "wb") as f:
+            f.write(store.read(path))
+        model = hvd.load_model(local, custom_objects=custom_objects)
+    if getattr(model, "optimizer", None) is None or not model.optimizer.built:
+        raise ValueError(f"the checkpoint of run {run_id!r} at {path!r} holds no optimizer "
+                         f"state to start from; remove the run or choose another run_id")
+    return model
+
+
 def serialize(obj):
     """A Keras object (optimizer, loss, metric) as its config; strings and
     None stay as they are."""
@@ -42,11 +62,6 @@ def deserialize(spec, custom_objects=None):
         import tensorflow as tf
         return tf.keras.utils.deserialize_keras_object(spec[1], custom_objects=custom_objects)
     return spec
-
-
-def _has_tensorboard():
-    import importlib.util
-    return importlib.util.find_spec("tensorboard") is not None
 
 
 def _rss_mb():
@@ -92,19 +107,22 @@ def train(spec):
                              f"no validation rows ({sum(val_counts)} for {size} ranks)")
         val_steps = spec["validation_steps_per_epoch"] or -(-min(val_counts) // val_batch)
 
-    model = load_model(spec["model"], custom)
-    initial_epoch, history = 0, {}
+    initial_epoch, history, opt = 0, {}, None
     run_id = spec["run_id"]
     if run_id and store.exists(store.get_checkpoint_state_path(run_id)):
-        # Horovod's hot start: the run's last checkpoint, from its next epoch.
+        # Horovod's hot start: the run's last checkpoint (weights and the
+        # optimizer with its state: slots, iterations), from its next epoch.
         state = json.loads(store.read(store.get_checkpoint_state_path(run_id)))
-        model.set_weights(load_model(store.read(store.get_checkpoint_path(run_id)),
-                                     custom).get_weights())
+        model = _checkpoint_model(store, run_id, custom)
+        opt = model.optimizer
         initial_epoch, history = state["epoch"], state["history"]
-    opt = deserialize(spec["optimizer"], custom)
-    if isinstance(opt, str):
-        opt = tf.keras.optimizers.get(opt)
-    opt = hvd.DistributedOptimizer(opt)
+    else:
+        model = load_model(spec["model"], custom)
+    if opt is None:
+        opt = deserialize(spec["optimizer"], custom)
+        if isinstance(opt, str):
+            opt = tf.keras.optimizers.get(opt)
+        opt = hvd.DistributedOptimizer(opt)
     loss = deserialize(spec["loss"], custom)
     if isinstance(loss, list):
         loss = [deserialize(x, custom) for x in loss]
@@ -118,14 +136,10 @@ def train(spec):
     if rank == 0 and run_id and store.saving_runs():
         logs_dir = tempfile.mkdtemp(prefix="tfring-logs-")
         store.download(store.get_logs_path(run_id), logs_dir)
-        # The epochs' metrics as CSV always; TensorBoard's event files too
-        # where the tensorboard package is installed (TensorFlow no longer
-        # brings it).
+        # The epochs' metrics as CSV and as TensorBoard event files.
         callbacks.append(tf.keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"),
                                                       append=bool(initial_epoch)))
-        if _has_tensorboard():
-            callbacks.append(tf.keras.callbacks.TensorBoard(logs_dir, write_graph=False,
-                                                            profile_batch=0))
+        callbacks.append(_EpochSummaries(logs_dir))
         callbacks.append(_Checkpoint(store, run_id, logs_dir, history))
     rss_before = _rss_mb()
     fit = model.fit(train_data, steps_per_epoch=steps, epochs=spec["epochs"],
@@ -144,6 +158,50 @@ def train(spec):
         result["model"] = model_bytes(model)
         result["history"] = merged
     return result
+
+
+class _EpochSummaries:
+    """Rank 0's TensorBoard event files: each epoch's metrics as scalars,
+    laid out as Keras's TensorBoard callback does (``train/`` and
+    ``validation/``, tags ``epoch_<metric>``, step = epoch). Written with
+    TensorFlow's own summary writer and the scalars plugin's metadata:
+    Keras's callback needs the tensorboard package, which TensorFlow no
+    longer installs, and fails without it."""
+
+    def __new__(cls, logs_dir):
+        import tensorflow as tf
+        from tensorflow.core.framework import summary_pb2
+
+        metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+            data_class=summary_pb2.DATA_CLASS_SCALAR)
+
+        class EpochSummaries(tf.keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.writers = {}
+
+            def _writer(self, kind):
+                if kind not in self.writers:
+                    self.writers[kind] = tf.summary.create_file_writer(
+                        os.path.join(logs_dir, kind))
+                return self.writers[kind]
+
+            def on_epoch_end(self, epoch, logs=None):
+                for name, value in sorted((logs or {}).items()):
+                    kind = "validation" if name.startswith("val_") else "train"
+                    tag = "epoch_" + (name[4:] if kind == "validation" else name)
+                    with self._writer(kind).as_default(step=epoch):
+                        tf.summary.write(tag, tf.constant(float(value), tf.float32),
+                                         metadata=metadata)
+                for writer in self.writers.values():
+                    writer.flush()
+
+            def on_train_end(self, logs=None):
+                for writer in self.writers.values():
+                    writer.close()
+
+        return EpochSummaries()
 
 
 class _Checkpoint:

@@ -15,6 +15,7 @@ import uuid
 import numpy as np
 from pyspark.ml import Estimator
 
+from tfring.spark import data as spark_data
 from tfring.spark.common.store import Store
 from tfring.spark.keras import _remote
 from tfring.spark.keras.model import KerasModel
@@ -53,7 +54,8 @@ class KerasEstimator(Estimator):
         metrics: Keras metrics, averaged over the ranks every epoch.
         loss_weights: per-output loss weights.
         callbacks: Keras callbacks, run on every rank (pickled).
-        custom_objects: for models, losses or metrics of your own classes.
+        custom_objects: for models, losses or metrics of your own classes;
+            saved with the :class:`KerasModel` (cloudpickle, as Horovod).
         batch_size, val_batch_size: rows per batch and rank (val default:
             batch_size).
         epochs: how many epochs.
@@ -61,13 +63,18 @@ class KerasEstimator(Estimator):
             (default: the smallest rank share, in batches).
         shuffle_buffer_size: rows in each rank's shuffle buffer (0: read in
             order). Default: 64 batches.
+        shuffle: False reads each rank's share in order, whatever
+            `shuffle_buffer_size` says.
         run_id: a name for the run: checkpoints and TensorBoard logs go to
             ``store.get_checkpoint_path(run_id)`` / ``get_logs_path(run_id)``
-            every epoch, and a fit whose run has a checkpoint starts from it
-            (the epochs already done are not run again).
+            every epoch, and a fit whose run has a checkpoint starts from it:
+            its weights and its optimizer with the optimizer's state (then
+            `optimizer` is not used); the epochs already done are not run
+            again.
         num_proc: how many ranks; default the context's defaultParallelism.
         verbose: Keras's fit verbosity on rank 0.
-        random_seed: makes a run repeatable (rank r seeds ``random_seed + r``).
+        random_seed (or seed): makes a run repeatable (rank r seeds
+            ``random_seed + r``).
         output_cols: the prediction columns (default ``<label>__output``).
         read_rows: rows each rank reads from Parquet at a time.
         start_timeout, timeout: as :func:`tfring.spark.run`.
@@ -136,8 +143,10 @@ class KerasEstimator(Estimator):
         self.val_batch_size = val_batch_size or batch_size
         self.train_steps_per_epoch = train_steps_per_epoch
         self.validation_steps_per_epoch = validation_steps_per_epoch
-        if shuffle_buffer_size is None:
-            shuffle_buffer_size = 64 * batch_size if shuffle else 0
+        if not shuffle:
+            shuffle_buffer_size = 0
+        elif shuffle_buffer_size is None:
+            shuffle_buffer_size = 64 * batch_size
         self.shuffle_buffer_size = shuffle_buffer_size
         self.run_id, self.num_proc, self.verbose = run_id, num_proc, verbose
         self.random_seed = random_seed if random_seed is not None else seed
@@ -206,7 +215,7 @@ class KerasEstimator(Estimator):
         if not files:
             raise ValueError(f"no Parquet files at {path!r}")
         with store.fs.open(files[0], "rb") as f:
-            reader = pq.ParquetFile(f)
+            reader = spark_data.parquet_file(f)
             schema = reader.schema_arrow
             missing = [c for c in self._columns() if c not in schema.names]
             if missing:

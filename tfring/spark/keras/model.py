@@ -1,6 +1,7 @@
 """``KerasModel``: what ``KerasEstimator.fit`` returns, a Spark ML ``Model``
 (so it sits in a ``Pipeline``, and saves and loads through Spark ML's
 writer and reader)."""
+import base64
 import json
 
 import numpy as np
@@ -34,8 +35,9 @@ class KerasModel(Model, _KerasModelParams, MLReadable, MLWritable):
         feature_cols, label_cols, output_cols: the columns.
         history: the epochs' metrics, averaged over the ranks.
         run_id: the run whose checkpoints are in the store.
-        custom_objects: for a model of your own classes (not saved with it:
-            set it again with :meth:`setCustomObjects` after ``load``).
+        custom_objects: for a model of your own classes; saved with the
+            model (pickled with cloudpickle, as Horovod does), so ``load``
+            brings them back.
         ranks: per rank, its rows, steps per epoch and peak memory.
 
     Example:
@@ -91,6 +93,9 @@ class KerasModel(Model, _KerasModelParams, MLReadable, MLWritable):
         self._custom_objects, self._model = custom_objects, None
         return self
 
+    def getCustomObjects(self):
+        return self._custom_objects or {}
+
     def getModel(self):
         """The trained Keras model, loaded in this process."""
         if self._model is None:
@@ -108,6 +113,14 @@ class KerasModel(Model, _KerasModelParams, MLReadable, MLWritable):
 
     # -- Spark ML -------------------------------------------------------------
     def _transform(self, dataset):
+        """Adds the prediction columns. Each Spark Arrow batch is predicted
+        as a whole: its feature columns become numpy arrays column by
+        column (Spark ML vectors turned into arrays by Spark first), and the
+        predictions go back as Arrow columns, so no Python object is made
+        per row."""
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql import functions as F
         from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
         features, outputs = self.getFeatureCols(), self.getOutputCols()
         missing = [c for c in features if c not in dataset.columns]
@@ -123,21 +136,41 @@ class KerasModel(Model, _KerasModelParams, MLReadable, MLWritable):
         schema = StructType(dataset.schema.fields + [
             StructField(c, DoubleType() if w == 1 else ArrayType(DoubleType()), True)
             for c, w in zip(outputs, widths)])
-        data, custom, groups = self._data, self._custom_objects, self._input_groups()
+        # A vector is a struct in Arrow (dense or sparse); Spark turns each
+        # vector feature into an array in a hidden column the batch carries.
+        kept = len(dataset.columns)
+        where, hidden = {}, []
+        for c in dict.fromkeys(features):
+            if isinstance(dataset.schema[c].dataType, VectorUDT):
+                where[c] = kept + len(hidden)
+                hidden.append(vector_to_array(F.col(c)).alias(f"__tfring_vector_{len(hidden)}"))
+            else:
+                where[c] = dataset.columns.index(c)
+        source = dataset.select("*", *hidden) if hidden else dataset
+        data, custom, groups, names = (self._data, self._custom_objects, self._input_groups(),
+                                       schema.names)
 
-        def predict(rows):
-            rows = list(rows)
-            if not rows:
-                return
-            keras_model = _cached_model(data, custom)
-            x = [np.stack([_row_vector(r, g) for r in rows]) for g in groups]
-            out = keras_model.predict(x[0] if len(x) == 1 else x, batch_size=256, verbose=0)
-            out = [o.reshape(len(rows), -1) for o in (out if isinstance(out, list) else [out])]
-            for i, row in enumerate(rows):
-                yield tuple(row) + tuple(float(o[i, 0]) if w == 1 else [float(v) for v in o[i]]
-                                         for o, w in zip(out, widths))
+        def predict(batches):
+            import pyarrow as pa
 
-        return dataset.sparkSession.createDataFrame(dataset.rdd.mapPartitions(predict), schema)
+            from tfring.spark.data import column_to_numpy
+            for batch in batches:
+                rows = batch.num_rows
+                if rows:
+                    x = [np.concatenate([column_to_numpy(batch.column(where[c]), c)
+                                         .reshape(rows, -1) for c in group], axis=1)
+                         for group in groups]
+                    out = _cached_model(data, custom).predict(
+                        x[0] if len(x) == 1 else x, batch_size=256, verbose=0)
+                    out = [np.asarray(o, np.float64).reshape(rows, -1)
+                           for o in (out if isinstance(out, (list, tuple)) else [out])]
+                else:
+                    out = [np.zeros((0, w)) for w in widths]
+                columns = batch.columns[:kept] + [_arrow_output(o, w)
+                                                  for o, w in zip(out, widths)]
+                yield pa.RecordBatch.from_arrays(columns, names=names)
+
+        return source.mapInArrow(predict, schema)
 
     def write(self):
         return _KerasModelWriter(self)
@@ -147,18 +180,14 @@ class KerasModel(Model, _KerasModelParams, MLReadable, MLWritable):
         return _KerasModelReader(cls)
 
 
-def _row_vector(row, columns):
-    """A row's input: its columns' values (numbers, arrays or vectors),
-    flattened and concatenated, as float32."""
-    parts = []
-    for name in columns:
-        value = row[name]
-        if value is None:
-            raise ValueError(f"feature column {name!r} holds a null")
-        if hasattr(value, "toArray"):
-            value = value.toArray()
-        parts.append(np.asarray(value, dtype=np.float32).ravel())
-    return np.concatenate(parts)
+def _arrow_output(values, width):
+    """Predictions of shape (rows, width) as an Arrow column: doubles for a
+    width of 1, else lists of doubles (one buffer of values and offsets)."""
+    import pyarrow as pa
+    if width == 1:
+        return pa.array(np.ascontiguousarray(values[:, 0]))
+    offsets = np.arange(0, values.size + 1, width, dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.ravel()))
 
 
 _MODELS = {}
@@ -174,10 +203,30 @@ def _cached_model(data, custom_objects):
     return _MODELS[key]
 
 
+def _dumps(custom_objects):
+    if not custom_objects:
+        return None
+    from pyspark import cloudpickle
+    return base64.b64encode(cloudpickle.dumps(custom_objects)).decode("ascii")
+
+
+def _loads(text):
+    if not text:
+        return None
+    import pickle
+    return pickle.loads(base64.b64decode(text))
+
+
 class _KerasModelWriter(MLWriter):
-    """Spark ML's layout: ``metadata/`` (the class, the params, the history)
-    and ``data/`` (one Parquet row: the ``.keras`` file's bytes), both
-    written by Spark, so any path Spark can write works."""
+    """Spark ML's layout: ``metadata/`` (the class, the params, the history,
+    the custom objects) and ``data/`` (one Parquet row: the ``.keras``
+    file's bytes), both written by Spark, so any path Spark can write works.
+
+    The custom objects are pickled with cloudpickle (classes and functions
+    defined in a notebook or ``__main__`` by value, others by reference to
+    their module, which must be importable where the model is loaded), as
+    Horovod's writer does; loading a model unpickles them, so load only
+    models you trust."""
 
     def __init__(self, instance):
         super().__init__()
@@ -185,7 +234,8 @@ class _KerasModelWriter(MLWriter):
 
     def saveImpl(self, path):
         extra = {"history": json.dumps(self.instance.getHistory()),
-                 "inputs": json.dumps(self.instance._inputs)}
+                 "inputs": json.dumps(self.instance._inputs),
+                 "customObjects": _dumps(self.instance._custom_objects)}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession.sparkContext,
                                          extraMetadata=extra)
         self.sparkSession.createDataFrame([(bytearray(self.instance._data),)], "model binary") \
@@ -203,6 +253,7 @@ class _KerasModelReader(MLReader):
         params = metadata["paramMap"]
         model = self.cls(data, params.get("featureCols"), params.get("labelCols"),
                          params.get("outputCols"), history=json.loads(metadata["history"]),
-                         run_id=params.get("runId"), inputs=json.loads(metadata["inputs"]))
+                         run_id=params.get("runId"), inputs=json.loads(metadata["inputs"]),
+                         custom_objects=_loads(metadata.get("customObjects")))
         model._resetUid(metadata["uid"])
         return model
