@@ -45,11 +45,7 @@ def main():
     x, y = elastic_worker.data()
     state = hvd.elastic.TensorFlowKerasState(model, opt, step=0)
 
-    @tf.function
-    def train_step(xb, yb):
-        grads = elastic_worker.gradients(model, xb, yb)
-        grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+    train_step = elastic_worker.make_train_step(model, opt)
 
     @hvd.elastic.run
     def train(state):

@@ -68,6 +68,17 @@ def gradients(model, x, y):
     return tape.gradient(loss, model.trainable_variables)
 
 
+def make_train_step(model, opt):
+    """The step every elastic worker here runs (this one, the chaos run's,
+    benchmarks/elastic_memory_worker.py's): gradients averaged over the
+    ranks, then applied."""
+    @tf.function
+    def train_step(xb, yb):
+        grads = [hvd.allreduce(g, op=hvd.Average) for g in gradients(model, xb, yb)]
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+    return train_step
+
+
 def replay(schedule):
     """Weights after training on `schedule`, a list of sizes per step, in one
     process: each step averages the gradients of every rank's batch."""
@@ -110,11 +121,7 @@ def main():
     state = hvd.elastic.TensorFlowKerasState(model, opt, step=0)
     state.register_reset_callbacks([lambda: print("RESET", state.step, hvd.size(), flush=True)])
 
-    @tf.function
-    def train_step(xb, yb):
-        grads = gradients(model, xb, yb)
-        grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+    train_step = make_train_step(model, opt)
 
     @tf.function
     def sparse_mean():

@@ -63,13 +63,11 @@ NameTable& Names() {
   return *table;
 }
 
-// The core's dtype code of a numpy dtype in native byte order; -1 for one
-// the core does not take here (the Python path then names the problem).
-int32_t NumpyDtypeCode(const py::dtype& dt) {
-  char order = dt.byteorder();
-  if (order != '=' && order != '|' && order != (PY_BIG_ENDIAN ? '>' : '<')) return -1;
-  const py::ssize_t size = dt.itemsize();
-  switch (dt.kind()) {
+// The core's dtype code of an array interface's kind ('b', 'i', 'u', 'f',
+// as numpy and __cuda_array_interface__ spell it) and item size; -1 for one
+// the core does not take here (the general path then names the problem).
+int32_t KindCode(char kind, int64_t size) {
+  switch (kind) {
     case 'b':
       return size == 1 ? static_cast<int32_t>(DataType::BOOL) : -1;
     case 'i':
@@ -90,6 +88,13 @@ int32_t NumpyDtypeCode(const py::dtype& dt) {
     default:
       return -1;
   }
+}
+
+// The core's dtype code of a numpy dtype in native byte order; -1 otherwise.
+int32_t NumpyDtypeCode(const py::dtype& dt) {
+  char order = dt.byteorder();
+  if (order != '=' && order != '|' && order != (PY_BIG_ENDIAN ? '>' : '<')) return -1;
+  return KindCode(dt.kind(), dt.itemsize());
 }
 
 // An output numpy array of `shape`, made on the core's thread once the shape
@@ -183,31 +188,10 @@ py::object SubmitArray(int32_t collective, py::handle x, py::handle name, bool i
   return py::cast(req);
 }
 // The core's dtype code of a __cuda_array_interface__ typestr ("<f4"); -1
-// for one this path does not take (the general path then names it).
+// for one this path does not take (a GPU is little-endian).
 int32_t TypestrCode(const std::string& t) {
   if (t.size() != 3 || (t[0] != '<' && t[0] != '|') || t[2] < '1' || t[2] > '8') return -1;
-  const int size = t[2] - '0';
-  switch (t[1]) {
-    case 'b':
-      return size == 1 ? static_cast<int32_t>(DataType::BOOL) : -1;
-    case 'i':
-      return size == 1   ? static_cast<int32_t>(DataType::INT8)
-             : size == 2 ? static_cast<int32_t>(DataType::INT16)
-             : size == 4 ? static_cast<int32_t>(DataType::INT32)
-             : size == 8 ? static_cast<int32_t>(DataType::INT64)
-                         : -1;
-    case 'u':
-      return size == 1   ? static_cast<int32_t>(DataType::UINT8)
-             : size == 2 ? static_cast<int32_t>(DataType::UINT16)
-                         : -1;
-    case 'f':
-      return size == 2   ? static_cast<int32_t>(DataType::FLOAT16)
-             : size == 4 ? static_cast<int32_t>(DataType::FLOAT32)
-             : size == 8 ? static_cast<int32_t>(DataType::FLOAT64)
-                         : -1;
-    default:
-      return -1;
-  }
+  return KindCode(t[1], t[2] - '0');
 }
 
 // A GPU array as __cuda_array_interface__ and its `device` describe it.
