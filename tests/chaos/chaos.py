@@ -305,13 +305,36 @@ class ChaosRun:
         time.sleep(2.5)     # the driver runs the script every second
         self._set_listed(self.listed + list(hosts))
 
+    def _whole_first(self):
+        """Makes the job whole before a round's fault, and returns the hosts
+        relisted for it (None when it already was). A worker can be lost
+        after the last round was whole again: the driver stops a healthy
+        peer that a survivor named late (docs/elastic.md allows it), and
+        does not refill a slot it emptied itself until the discovery script
+        changes. A fault injected then may hit a worker that is not in the
+        job, which then never degrades. So, as a scheduler's discovery
+        script would, hosts without a live worker are relisted, and the
+        round records it."""
+        p = self._progress()
+        step = p.last_step()
+        if p.size.get(step, len(self.listed)) >= len(self.listed):
+            return None
+        gone = [h for h in self.listed if self._worker_on(h) is None]
+        if gone:
+            self._relist(gone)
+        self._wait_whole(step, time.monotonic())
+        return gone
+
     def _round(self, fault):
+        relisted = self._whole_first()
         p = self._progress()
         step_before = p.last_step()
         line_before = len(self.job.lines)
         started = time.monotonic()
         record = {"round": len(self.rounds) + 1, "fault": fault, "at_step": step_before,
                   "t": round(started - self.t0, 1)}
+        if relisted is not None:
+            record["whole_first"] = relisted
         if fault == "add":
             host = self.rng.choice([n for n in self.names if n not in self.listed])
             self._set_listed(self.listed + [host])
