@@ -116,6 +116,40 @@ AllocateFn NumpyAllocator(std::shared_ptr<PyRef> dtype, std::weak_ptr<PendingCal
   };
 }
 
+// The end of both one-call paths: checks the call, fills its one entry,
+// records a GPU input's ready event on `call.stream`, and enqueues, with the
+// GIL released. Returns the PendingCall, or the status tuple when the core
+// refused the call; a refused entry is abandoned, so that the other ranks
+// do not wait for it.
+py::object EnqueueOne(const CallSpec& call, const TensorSpec& t, AllocateFn allocate,
+                      const std::shared_ptr<PendingCall>& req) {
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = CheckEnum(call.reduce_op, static_cast<int32_t>(ReduceOp::PRODUCT), "reduce op");
+    if (s.ok()) s = CheckInitialized();
+    if (s.ok()) {
+      TensorTableEntry e;
+      s = FillEntry(call, t, 0, 1, nullptr, std::move(allocate), req, &e);
+      if (s.ok() && IsGpuDevice(call.device)) {
+        s = RecordReadyEvent(call.device, reinterpret_cast<void*>(call.stream), &e.ready_event);
+      }
+      if (!s.ok()) {
+        Abandon(call.process_set_id, e, s);
+      } else {
+        e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
+        s = Enqueue(call.process_set_id, std::move(e));
+      }
+    }
+  }
+  if (!s.ok()) {
+    req->Finish(s);
+    req->ReleaseKeepAlive();
+    return StatusTuple(s);
+  }
+  return py::cast(req);
+}
+
 // One collective on one numpy array, submitted in one call from Python: the
 // steady-state path of tfring.core's allreduce, broadcast, allgather and
 // reducescatter (tfring/core/ops.py). Returns None for an array it does not
@@ -164,28 +198,7 @@ py::object SubmitArray(int32_t collective, py::handle x, py::handle name, bool i
     req->KeepAlive(std::make_shared<PyRef>(py::reinterpret_borrow<py::object>(x)));
     allocate = NumpyAllocator(std::make_shared<PyRef>(dt), req);
   }
-  Status s;
-  {
-    py::gil_scoped_release release;
-    s = CheckEnum(reduce_op, static_cast<int32_t>(ReduceOp::PRODUCT), "reduce op");
-    if (s.ok()) s = CheckInitialized();
-    if (s.ok()) {
-      TensorTableEntry e;
-      s = FillEntry(call, t, 0, 1, nullptr, std::move(allocate), req, &e);
-      if (!s.ok()) {
-        Abandon(process_set_id, e, s);
-      } else {
-        e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
-        s = Enqueue(process_set_id, std::move(e));
-      }
-    }
-  }
-  if (!s.ok()) {
-    req->Finish(s);
-    req->ReleaseKeepAlive();
-    return StatusTuple(s);
-  }
-  return py::cast(req);
+  return EnqueueOne(call, t, std::move(allocate), req);
 }
 // The core's dtype code of a __cuda_array_interface__ typestr ("<f4"); -1
 // for one this path does not take (a GPU is little-endian).
@@ -293,33 +306,7 @@ py::object SubmitDevice(int32_t collective, py::handle x, py::handle out, py::ob
   auto req = std::make_shared<PendingCall>(1);
   req->SetResult(std::make_shared<PyRef>(py::reinterpret_borrow<py::object>(out)));
   req->KeepAlive(std::make_shared<PyRef>(py::reinterpret_borrow<py::object>(x)));
-  Status s;
-  {
-    py::gil_scoped_release release;
-    s = CheckEnum(reduce_op, static_cast<int32_t>(ReduceOp::PRODUCT), "reduce op");
-    if (s.ok()) s = CheckInitialized();
-    if (s.ok()) {
-      TensorTableEntry e;
-      s = FillEntry(call, t, 0, 1, nullptr, AllocateFn(), req, &e);
-      // A failed record (no GPU support, a bad stream) is abandoned like a
-      // rejected argument, so that the other ranks do not wait for it.
-      if (s.ok()) {
-        s = RecordReadyEvent(call.device, reinterpret_cast<void*>(call.stream), &e.ready_event);
-      }
-      if (!s.ok()) {
-        Abandon(process_set_id, e, s);
-      } else {
-        e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
-        s = Enqueue(process_set_id, std::move(e));
-      }
-    }
-  }
-  if (!s.ok()) {
-    req->Finish(s);
-    req->ReleaseKeepAlive();
-    return StatusTuple(s);
-  }
-  return py::cast(req);
+  return EnqueueOne(call, t, AllocateFn(), req);
 }
 
 }  // namespace

@@ -108,10 +108,18 @@ Status AllreduceAlgorithms::Combine(char* dst, const char* mine, const char* the
                     : ReduceTo(dst, theirs, mine, count, dtype, op);
 }
 
+bool AllreduceAlgorithms::Alone(const char* in, char* out, int64_t bytes) {
+  if (comm_->size() > 1 && bytes > 0) return false;
+  if (out != in && bytes > 0) std::memcpy(out, in, bytes);
+  return true;
+}
+
 Status AllreduceAlgorithms::FoldIn(const char* in, char* out, int64_t count, DataType dtype,
                                    ReduceOp op, Fold* f, const char** cur) {
   const int n = comm_->size(), r = comm_->rank();
   const int64_t bytes = count * DataTypeSize(dtype);
+  // Both algorithms receive at most a whole input at a time.
+  if (scratch_.size() < static_cast<size_t>(bytes)) scratch_.resize(bytes);
   f->pow2 = LargestPowerOfTwoAtMost(n);
   f->extra = n - f->pow2;
   *cur = in;
@@ -151,11 +159,7 @@ Status AllreduceAlgorithms::RecursiveDoubling(const void* input, void* output, i
   const int64_t bytes = count * DataTypeSize(dtype);
   const char* in = static_cast<const char*>(input);
   char* out = static_cast<char*>(output);
-  if (comm_->size() == 1 || count <= 0) {
-    if (out != in && count > 0) std::memcpy(out, in, bytes);
-    return Status::OK();
-  }
-  if (scratch_.size() < static_cast<size_t>(bytes)) scratch_.resize(bytes);
+  if (Alone(in, out, bytes)) return Status::OK();
   Fold f;
   const char* cur = in;  // this rank's partial result: the input until reduced into out
   TFRING_RETURN_IF_ERROR(FoldIn(in, out, count, dtype, op, &f, &cur));
@@ -178,11 +182,7 @@ Status AllreduceAlgorithms::Rabenseifner(const void* input, void* output, int64_
   const int64_t bytes = count * esize;
   const char* in = static_cast<const char*>(input);
   char* out = static_cast<char*>(output);
-  if (comm_->size() == 1 || count <= 0) {
-    if (out != in && count > 0) std::memcpy(out, in, bytes);
-    return Status::OK();
-  }
-  if (scratch_.size() < static_cast<size_t>(bytes)) scratch_.resize(bytes);
+  if (Alone(in, out, bytes)) return Status::OK();
   Fold f;
   const char* cur = in;
   TFRING_RETURN_IF_ERROR(FoldIn(in, out, count, dtype, op, &f, &cur));

@@ -79,6 +79,9 @@ class AllreduceAlgorithms {
   int RealRank(const Fold& f, int vrank) const {
     return vrank < f.extra ? 2 * vrank + 1 : vrank + f.extra;
   }
+  // One rank, or nothing to reduce: copies `in` to `out` (`bytes` of it)
+  // and returns true; the algorithm has nothing else to do.
+  bool Alone(const char* in, char* out, int64_t bytes);
   // The fold: `*cur` becomes the output when this rank reduced a partner's
   // buffer into it.
   Status FoldIn(const char* in, char* out, int64_t count, DataType dtype, ReduceOp op, Fold* f,
