@@ -22,11 +22,12 @@ from tfring.core.lifecycle import (cross_rank, cross_size, gpu_built,  # noqa: F
                                    local_size, mpi_built, nccl_built, rank, shutdown, size)
 from tfring.core.process_sets import (ProcessSet, add_process_set,  # noqa: F401
                                       global_process_set, remove_process_set)
-from tfring.core.ops import (Adasum, Average, Handle, Max, Min, Product, Sum,  # noqa: F401
+from tfring.core.handles import Handle, synchronize  # noqa: F401
+from tfring.core.ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
                              allgather, allgather_async, allreduce, allreduce_,
                              allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
                              broadcast, broadcast_async, broadcast_async_, grouped_allgather,
                              grouped_allgather_async, grouped_allreduce, grouped_allreduce_async,
                              grouped_allreduce_async_, grouped_reducescatter,
                              grouped_reducescatter_async, join, reducescatter,
-                             reducescatter_async, synchronize)
+                             reducescatter_async)
