@@ -119,9 +119,10 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
     // Collectives the device has finished since the last look complete first.
     *executed += ps->in_flight.Poll();
     // Reused from round to round (their vectors keep their capacity):
-    // RunLoopOnce never runs inside itself on one thread (t_driving).
-    thread_local RequestList mine;
-    thread_local ResponseList responses;
+    // RunLoopOnce never runs inside itself (t_driving), and one thread at a
+    // time drives (drive_mu).
+    RequestList& mine = ps->round.requests;
+    ResponseList& responses = ps->round.responses;
     mine.requests.clear();
     mine.shutdown = false;
     mine.shutdown_reason.clear();

@@ -3,6 +3,34 @@
 #include <cstring>
 
 namespace tfring {
+
+RequestPool::RequestPool() { spares_.reserve(kMaxSpares); }
+
+Request RequestPool::Copy(const Request& from) {
+  Request r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!spares_.empty()) {
+      r = std::move(spares_.back());
+      spares_.pop_back();
+    }
+  }
+  // Copy-assignment keeps the spare's vectors and strings where they fit.
+  r = from;
+  return r;
+}
+
+void RequestPool::Give(Request&& done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (spares_.size() < kMaxSpares) spares_.push_back(std::move(done));
+}
+
+RequestPool& SpareRequests() {
+  // Never destroyed: requests may be given back while the process exits.
+  static RequestPool* pool = new RequestPool();
+  return *pool;
+}
+
 namespace {
 
 // Both ends of a message are the same build on the same architecture, so a

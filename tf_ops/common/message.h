@@ -6,6 +6,7 @@
 #define TFRING_COMMON_MESSAGE_H
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,32 @@ struct Request {
 
   bool operator==(const Request& o) const;
 };
+
+// Storage of finished requests, reused by new ones. A Request holds heap
+// vectors (its shape, its splits), so making one per submission
+// (TensorTableEntry::ToRequest) was an allocation per collective. Where a
+// request's life ends in the steady state (a speculated response that every
+// rank agreed on, Speculation::Result) it is given back here, and the next
+// submission is copied into its storage. Thread-safe: submitting threads
+// take, the thread driving the set gives back. Bounded: a burst of
+// submissions allocates beyond it as before.
+class RequestPool {
+ public:
+  RequestPool();
+  // A copy of `from`, in a spare's storage when one is there.
+  Request Copy(const Request& from);
+  // Keeps `done`'s storage for a later Copy (or drops it when full).
+  void Give(Request&& done);
+
+ private:
+  static constexpr size_t kMaxSpares = 1024;
+  std::mutex mu_;
+  std::vector<Request> spares_;  // capacity kMaxSpares from the start
+};
+
+// The process's one pool (requests move between process sets' queues and
+// controllers on several threads, and never outlive the process).
+RequestPool& SpareRequests();
 
 struct RequestList {
   std::vector<Request> requests;

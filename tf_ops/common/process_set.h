@@ -28,6 +28,15 @@ struct ProcessSet {
   std::unique_ptr<DataPlane> data_plane;   // null when not a member
   ExecutorTable executors;
   InFlight in_flight;  // started collectives the device has not finished
+  // Storage a round reuses, kept with the set rather than with a thread: a
+  // set is driven by one thread at a time (drive_mu), the background thread
+  // or a submitting one (DriveInline), and per-thread storage grew again
+  // whenever the other thread took its turn.
+  struct RoundScratch {
+    RequestList requests;    // this rank's, for the controller (RunLoopOnce)
+    ResponseList responses;  // the controller's answer
+    std::vector<ReduceSlot> slots;  // a speculated allreduce's tensors
+  } round;
 
   bool included() const { return rank >= 0; }
   int size() const { return static_cast<int>(ranks.size()); }

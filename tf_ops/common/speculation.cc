@@ -219,17 +219,27 @@ void Speculation::Cycle(std::vector<Request>* mine, bool leave, const ResponseCa
 }
 
 void Speculation::RecycleFront() {
-  std::vector<Request>& front = running_.front();
+  std::vector<Request>& front = running_[running_head_];
+  // These requests end here in the steady state: their storage takes the
+  // next submissions (TensorTableEntry::ToRequest).
+  for (Request& r : front) SpareRequests().Give(std::move(r));
   front.clear();
   // A few spares suffice: one per response a cycle hands out at a time.
   if (front.capacity() > 0 && spare_running_.size() < kSpares) {
     spare_running_.push_back(std::move(front));
   }
-  running_.pop_front();
+  if (++running_head_ == running_.size()) {
+    ClearRunning();  // its slots are moved from: nothing is freed
+  } else if (running_head_ >= 64 && running_head_ * 2 >= running_.size()) {
+    // Never empty (pipelined submissions): slide the live part to the front
+    // now and then, within the capacity it has.
+    running_.erase(running_.begin(), running_.begin() + running_head_);
+    running_head_ = 0;
+  }
 }
 
 void Speculation::Result(SpeculationOutcome outcome) {
-  if (!active_ || running_.empty()) return;
+  if (!active_ || running_empty()) return;
   if (outcome == SpeculationOutcome::AGREED) {
     RecycleFront();
     ++stats_.responses;
@@ -249,13 +259,13 @@ void Speculation::Result(SpeculationOutcome outcome) {
   // The rest of what was handed out (for FLAGGED, the response itself too)
   // is negotiated afresh, in the order it was handed out, then what was held.
   std::vector<Request> back;
-  for (auto& reqs : running_)
-    for (auto& r : reqs) back.push_back(std::move(r));
+  for (size_t i = running_head_; i < running_.size(); ++i)
+    for (auto& r : running_[i]) back.push_back(std::move(r));
   for (auto& kv : held_) back.push_back(std::move(kv.second));
   // Submission order is lost in held_; the names' order keeps every run alike.
   std::sort(back.begin() + (back.size() - held_.size()), back.end(),
             [](const Request& a, const Request& b) { return a.name < b.name; });
-  running_.clear();
+  ClearRunning();
   held_.clear();
   for (auto& r : replay_) back.push_back(std::move(r));
   replay_.swap(back);

@@ -26,7 +26,6 @@
 #define TFRING_COMMON_SPECULATION_H
 
 #include <chrono>
-#include <deque>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -147,8 +146,16 @@ class Speculation {
   std::unordered_map<std::string, size_t> schedule_index_;
   // This rank's requests not yet run: held until their response is due.
   std::unordered_map<std::string, Request> held_;
-  // Requests of responses handed out and not yet reported on, in order.
-  std::deque<std::vector<Request>> running_;
+  // Requests of responses handed out and not yet reported on, in order:
+  // running_[running_head_] is the oldest. A vector with a moving head, not
+  // a std::deque, which allocated a block every ~20 responses.
+  std::vector<std::vector<Request>> running_;
+  size_t running_head_ = 0;
+  bool running_empty() const { return running_head_ == running_.size(); }
+  void ClearRunning() {
+    running_.clear();
+    running_head_ = 0;
+  }
   // Requests to negotiate after a fallback (before the round's new ones).
   std::vector<Request> replay_;
   std::vector<Request> incoming_;  // Cycle's scratch, kept for its capacity
@@ -159,7 +166,8 @@ class Speculation {
   std::vector<std::unordered_map<std::string, Request>::node_type> spare_held_;
   std::vector<std::vector<Request>> spare_running_;
   std::vector<Response> spare_responses_;
-  // Pops running_'s front, keeping its vector in spare_running_.
+  // Pops running_'s front, keeping its vector in spare_running_ and its
+  // requests' storage in SpareRequests().
   void RecycleFront();
   std::chrono::steady_clock::time_point waiting_since_;
   SpeculationStats stats_;

@@ -13,9 +13,8 @@ namespace {
 // (Speculation::FlagRidesAlong); PerformSpeculative's contract.
 SpeculationOutcome PerformSpeculativeAllreduce(ProcessSet& ps, const Response& r) {
   const size_t n = r.tensor_names.size();
-  Reused<ReduceSlot> reused;
-  std::vector<ReduceSlot>& slots = *reused;
-  slots.resize(n);
+  std::vector<ReduceSlot>& slots = ps.round.slots;  // the set's, reused
+  slots.assign(n, ReduceSlot());
   for (size_t i = 0; i < n; ++i) {
     slots[i].count = r.tensor_sizes[i];
     // A rank that diverged may lack some of them: it sends zeros anyway.

@@ -3,7 +3,7 @@
 namespace tfring {
 
 Request TensorTableEntry::ToRequest(int32_t rank) const {
-  Request r = *this;
+  Request r = SpareRequests().Copy(*this);
   r.request_rank = rank;
   return r;
 }

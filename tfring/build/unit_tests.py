@@ -39,7 +39,7 @@ UNIT_TEST_SOURCES = {
     "response_cache_test.cc": _NEGOTIATION_PIECES,
     "execution_test.cc": ["executor.cc", "in_flight.cc", "ops/data_plane_selector.cc",
                           "fusion_buffer.cc", "reduction.cc", "common.cc", "config.cc",
-                          "logging.cc", "tensor_queue.cc"],
+                          "logging.cc", "tensor_queue.cc", "message.cc"],
     "adasum_test.cc": ["ops/adasum.cc", "reduction.cc", "common.cc", "logging.cc"],
     "failures_test.cc": ["peer_monitor.cc", "common.cc", "logging.cc"],
     "speculation_test.cc": _NEGOTIATION_PIECES,

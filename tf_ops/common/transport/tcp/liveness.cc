@@ -93,8 +93,11 @@ void World::ThreadMain() {
   const double hb = std::max(0.01, options_.heartbeat_seconds);
   const int period_ms = int(std::max(5.0, std::min(250.0, hb * 1000.0 / 4)));
   const auto half = std::chrono::duration<double>(hb / 2);
+  // Reused from wake-up to wake-up: a fresh vector was an allocation per
+  // heartbeat period in a job that allocates nothing per collective.
+  std::vector<pollfd> fds;
   for (;;) {
-    std::vector<pollfd> fds;
+    fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     if (listener_) fds.push_back({listener_->fd(), POLLIN, 0});
     handshakes_.AddPollFds(&fds);

@@ -208,8 +208,12 @@ Status World::Test(TcpRequest* req, bool* done) {
 }
 
 void World::Block(TcpRequest* req, int timeout_ms) {
-  std::vector<pollfd> fds;
-  std::vector<int> who;
+  // Per thread and reused: a wait must not allocate (several threads may
+  // wait at once, each on its own request).
+  thread_local std::vector<pollfd> fds;
+  thread_local std::vector<int> who;
+  fds.clear();
+  who.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!abort_.ok() || req->done) return;
@@ -248,8 +252,10 @@ void World::ProgressConn(int peer, bool* moved) {
 }
 
 void World::ProgressOthers(int skip) {
-  std::vector<pollfd> fds;
-  std::vector<int> who;
+  thread_local std::vector<pollfd> fds;  // as in Block
+  thread_local std::vector<int> who;
+  fds.clear();
+  who.clear();
   for (int p = 0; p < size(); ++p) {
     const Conn& c = conns_[size_t(p)];
     if (c.fd < 0 || p == skip) continue;
