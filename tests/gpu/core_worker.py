@@ -6,8 +6,10 @@ that fails raises, so the rank exits non-zero and tfringrun reports it.
 
 Checks:
   collectives  every collective x dtype x op x scale factors, fused groups,
-               a ready event on a side stream; at np=1 also that no tensor
-               left the GPU (the host-staging copy counter stays 0)
+               a ready event on a side stream, a steady loop speculated and
+               launched on submit (and a shape mismatch inside it); at np=1
+               also that no tensor left the GPU (the host-staging copy
+               counter stays 0)
   hierarchical allreduce x dtype x op x scale factors with fake hosts and
                TFRING_HIERARCHICAL_ALLREDUCE=1: NCCL within each host, the
                host ring across them
@@ -238,10 +240,46 @@ def check_collectives():
     assert hvd.allreduce_(x, op=hvd.Sum, name="one.call.in.place") is x
     assert float(x.min()) == float(x.max()) == total
     checks += 1
+    spec = check_launch_on_submit(rank, size)
+    checks += 1
     copies = hvd.host_staging_copies() - copies_before
     report(rank=rank, size=size, check="collectives", checks=checks, host_copies=copies,
+           speculation=spec,
            worst_relative_error=worst, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
            nccl_built=hvd.nccl_built())
+
+
+def check_launch_on_submit(rank, size):
+    """A steady loop of GPU allreduces of one name enters speculation (no
+    negotiation round per call) and is launched by the submitting thread;
+    each result is right. Then one rank changes the shape: every rank gets
+    the typed mismatch error, and the next collective works. Returns the
+    loop's speculation counters."""
+    from tfring.common.basics import _speculation_stats
+    before = _speculation_stats()
+    x = cp.empty(4096, dtype=cp.float32)
+    for step in range(60):
+        x.fill(float(rank + 1 + step))
+        y = hvd.allreduce(x, op=hvd.Sum, name="steady.gpu")
+        want = size * (size + 1) / 2 + size * step
+        got = cp.asnumpy(y)
+        assert got.min() == got.max() == want, f"step {step}: {got[:4]} != {want}"
+    after = _speculation_stats()
+    spec = {k: after[k] - before[k] for k in after}
+    assert spec["responses"] > 0, f"GPU allreduces were never speculated: {spec}"
+    if size == 1:
+        assert spec["inline"] > 0, f"no GPU allreduce was launched on submit: {spec}"
+    if size > 1:
+        bad = cp.ones(4096 + (rank == size - 1), dtype=cp.float32)
+        try:
+            hvd.allreduce(bad, op=hvd.Sum, name="steady.gpu")
+        except hvd.PreconditionError as e:
+            assert "Mismatched" in str(e) and "steady.gpu" in str(e), str(e)
+        else:
+            raise AssertionError("a shape changed on one rank during speculation was not refused")
+        y = hvd.allreduce(cp.ones(8, dtype=cp.float32), op=hvd.Sum, name="after.mismatch")
+        assert float(cp.asnumpy(y).min()) == size
+    return spec
 
 
 def check_kill():

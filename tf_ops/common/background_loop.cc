@@ -343,8 +343,13 @@ bool DriveInline(ProcessSet& ps) {
   }
   // After a fallback the background thread negotiates what was held.
   const bool still = ps.controller->speculating();
+  // Device work launched here completes by the background thread's polling
+  // (InFlight), which must know there is some now. (This set is the only one:
+  // see above.)
+  const bool device_work = !ps.in_flight.empty();
   drive.unlock();
   RunDeferred(&*done);
+  if (device_work) WakeBackground();
   return ok && executed > 0 && still;
 }
 

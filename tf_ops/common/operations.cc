@@ -81,11 +81,14 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
     }
   }
   if (st.timeline.enabled()) st.timeline.NegotiateStart(entry.name, CollectiveName(entry.type));
-  // Only host tensors, ready now, can be speculated (Speculation::Eligible).
+  // What speculation can run (Speculation::Eligible), with its input ready
+  // now or waited for by the device: then, once the order is agreed, this
+  // thread launches it (DriveInline), a device collective included: its
+  // ready-event wait, the collective on the plane's stream and its fence.
   const bool may_inline = (entry.type == CollectiveType::ALLREDUCE ||
                            entry.type == CollectiveType::BROADCAST ||
                            entry.type == CollectiveType::ALLGATHER) &&
-                          entry.device == kCpuDevice && !entry.ready_event;
+                          (!entry.ready_event || entry.ready_event->waits_on_device());
   TFRING_RETURN_IF_ERROR(ps->queue.Add(std::move(entry), ps->rank));
   lock.unlock();
   if (!(may_inline && DriveInline(*ps))) WakeBackground();

@@ -22,13 +22,19 @@ bool Speculation::Eligible(const Response& r) {
     default:
       return false;
   }
-  for (int32_t d : r.devices)
-    if (d != kCpuDevice) return false;
+  // Device tensors too: their flag goes round on its own, on the host, and
+  // the collective is then queued on the device as a negotiated one is
+  // (FlagRidesAlong). Ranks agree on host or device (negotiation checked it
+  // when the response was cached), so a mixed list is not one response.
   return true;
 }
 
 bool Speculation::FlagRidesAlong(const Response& r) {
   if (r.collective != CollectiveType::ALLREDUCE) return false;
+  // The reduced flag is read back at once; a device plane only queues its
+  // work, so its flag would not be known before the outputs are written.
+  for (int32_t d : r.devices)
+    if (d != kCpuDevice) return false;
   if (r.reduce_op != ReduceOp::SUM && r.reduce_op != ReduceOp::AVERAGE) return false;
   // The flag is one element of the tensors' own type; these sum 0 and 1
   // exactly, and a NaN or Inf in the data cannot reach it.

@@ -63,13 +63,12 @@ class Speculation {
   // of 64 KB cost about as much as a one-element round within a host.
   static constexpr int64_t kFlagRidesMaxBytes = 64 << 10;
 
-  // Whether `r` may be run speculatively: allreduce, broadcast or allgather
-  // of host tensors (the flag must be read back at once, and a GPU plane may
-  // only queue its work).
+  // Whether `r` may be run speculatively: allreduce, broadcast or allgather,
+  // of host or device tensors.
   static bool Eligible(const Response& r);
   // How an eligible response carries the flag. True: as one extra element
   // of the fusion buffer, reduced with the data in one data-plane call
-  // (float sums and averages, fused or small). False: in a one-element
+  // (float sums and averages of host tensors, fused or small). False: in a one-element
   // allreduce of its own, after which the collective runs as a negotiated
   // one would, straight from the inputs into the outputs. The first saves a
   // plane round; the second saves staging each tensor through the fusion

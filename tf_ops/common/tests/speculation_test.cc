@@ -247,8 +247,10 @@ static void TestSpeculationDetector() {
   r.dtype = DataType::FLOAT16;
   CHECK(Speculation::Eligible(r) && !Speculation::FlagRidesAlong(r));
   r.dtype = DataType::FLOAT64;
-  r.devices = {kCpuDevice, 0};
-  CHECK(!Speculation::Eligible(r));
+  // Device tensors are speculated too, with the flag on its own: a device
+  // plane only queues the data, so the flag could not be read back first.
+  r.devices = {0, 1};
+  CHECK(Speculation::Eligible(r) && !Speculation::FlagRidesAlong(r));
   r.devices = {kCpuDevice, kCpuDevice};
   // A large single tensor skips the fusion buffer's copies; float64: twice
   // the bytes.
