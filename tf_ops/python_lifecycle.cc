@@ -119,7 +119,7 @@ void DefineLifecycle(py::module_& m) {
     d["responses"] = p.speculation.responses;
     d["fallbacks"] = p.speculation.fallbacks;
     d["failures"] = p.speculation.failures;
-    d["inline"] = p.speculation.inline_responses;
+    d["inline"] = p.inline_responses;
     return d;
   });
   m.def("queued_collectives", &QueuedCollectives, py::call_guard<py::gil_scoped_release>());

@@ -1,7 +1,9 @@
 #include "background_loop.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <pthread.h>
 #ifdef __linux__
@@ -14,6 +16,7 @@
 #include "global_state.h"
 #include "gpu_support.h"
 #include "logging.h"
+#include "operations.h"
 #include "ops/data_plane_selector.h"
 #include "speculation_run.h"
 #include "transport/communicator.h"
@@ -22,7 +25,7 @@ namespace tfring {
 
 namespace {
 
-// Whether this thread already drives (holds drive_mu): the background thread,
+// Whether this thread already drives (holds driving().mu): the background thread,
 // or a submitting thread whose completion callback submits again inline.
 thread_local bool t_driving = false;
 
@@ -48,6 +51,41 @@ constexpr std::chrono::microseconds kInFlightSpinTime{2000};
 // ranks need their cores for the framework's threads.
 constexpr std::chrono::microseconds kAfterDeviceWork{200};
 
+// The loop's wake-up: a submission wakes the background thread at once.
+struct Wakeup {
+  std::mutex mu;
+  std::condition_variable cv;
+  // Atomic so that a loop spinning for new work can watch it without the lock.
+  std::atomic<bool> wake{false};
+};
+
+// Who drives the controllers and data planes: one thread at a time, the
+// background thread for each cycle or a submitting thread that runs a
+// speculated response itself (DriveInline).
+struct Driving {
+  std::mutex mu;
+  // Under mu: whether the loop runs and the sets may be driven; and a stop
+  // that a submitting thread's cycle ran into, for the loop to act on.
+  bool open = false;
+  bool inline_stop = false;
+  bool inline_broken = false;
+  Status inline_why;
+  // Under mu: when a cycle last ran responses, and whether their peers
+  // were there at once (DriveInline's rule).
+  Clock::time_point last_ran;
+  bool ran_in_step = false;
+};
+
+// This file's alone; never destroyed, as state() (global_state.h).
+Wakeup& wakeup() {
+  static Wakeup* w = new Wakeup();
+  return *w;
+}
+Driving& driving() {
+  static Driving* d = new Driving();
+  return *d;
+}
+
 // The process sets as of now, in a buffer this thread reuses (Reused): a
 // fresh vector per look cost allocations per collective (issue 38).
 class SetsNow {
@@ -63,12 +101,12 @@ class SetsNow {
 }  // namespace
 
 void WakeBackground() {
-  GlobalState& st = state();
+  Wakeup& w = wakeup();
   {
-    std::lock_guard<std::mutex> lock(st.wake_mu);
-    st.wake = true;
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.wake = true;
   }
-  st.wake_cv.notify_one();
+  w.cv.notify_one();
 }
 
 namespace {
@@ -120,7 +158,7 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
     *executed += ps->in_flight.Poll();
     // Reused from round to round (their vectors keep their capacity):
     // RunLoopOnce never runs inside itself (t_driving), and one thread at a
-    // time drives (drive_mu).
+    // time drives (driving().mu).
     RequestList& mine = ps->round.requests;
     ResponseList& responses = ps->round.responses;
     mine.requests.clear();
@@ -129,12 +167,12 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
     mine.shutdown_cause = 0;
     mine.shutdown_rank = -1;
     ps->queue.PopRequests(&mine.requests);
-    if (ps->id == kGlobalProcessSetId && st.shutdown_requested) {
-      std::lock_guard<std::mutex> lock(st.reason_mu);
+    if (ps->id == kGlobalProcessSetId && st.shutdown.requested) {
+      std::lock_guard<std::mutex> lock(st.shutdown.mu);
       mine.shutdown = true;
-      mine.shutdown_reason = st.shutdown_reason;
-      mine.shutdown_cause = static_cast<int32_t>(st.shutdown_cause);
-      mine.shutdown_rank = st.shutdown_rank;
+      mine.shutdown_reason = st.shutdown.reason;
+      mine.shutdown_cause = static_cast<int32_t>(st.shutdown.cause);
+      mine.shutdown_rank = st.shutdown.rank;
     }
     // Speculation needs the global set alone: a rank waiting inside a
     // speculative collective must not be needed by another set's round.
@@ -194,11 +232,8 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
     }
     if (ps->id == kGlobalProcessSetId) {
       const auto& c = ps->controller->speculation_stats();
-      std::lock_guard<std::mutex> lock(st.spec_mu);
-      st.spec_stats.entered = c.entered;
-      st.spec_stats.responses = c.responses;
-      st.spec_stats.fallbacks = c.fallbacks;
-      st.spec_stats.failures = c.failures;
+      std::lock_guard<std::mutex> lock(st.speculation.mu);
+      st.speculation.stats = c;
     }
     if (ps->id == kGlobalProcessSetId && responses.shutdown) {
       // The rank is the one whose shutdown() (or end of script) stopped the
@@ -218,13 +253,13 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
 void RequestShutdown(FailureCause cause, const std::string& reason, int rank) {
   GlobalState& st = state();
   {
-    std::lock_guard<std::mutex> lock(st.reason_mu);
-    if (st.shutdown_requested) return;
-    st.shutdown_reason = reason;
-    st.shutdown_cause = cause;
-    st.shutdown_rank = rank;
+    std::lock_guard<std::mutex> lock(st.shutdown.mu);
+    if (st.shutdown.requested) return;
+    st.shutdown.reason = reason;
+    st.shutdown.cause = cause;
+    st.shutdown.rank = rank;
   }
-  st.shutdown_requested = true;
+  st.shutdown.requested = true;
   WakeBackground();
 }
 
@@ -299,13 +334,13 @@ bool HasDeviceWork() {
   return false;
 }
 
-// Under drive_mu, after a cycle that ran `executed` responses of which the
+// Under driving().mu, after a cycle that ran `executed` responses of which the
 // global set's took `negotiation` (for speculated ones: waiting for peers).
 void NoteCycle(int executed, Clock::duration negotiation) {
-  GlobalState& st = state();
+  Driving& d = driving();
   if (executed == 0) return;
-  st.last_ran = Clock::now();
-  st.ran_in_step = negotiation < kInStepRound;
+  d.last_ran = Clock::now();
+  d.ran_in_step = negotiation < kInStepRound;
 }
 
 }  // namespace
@@ -313,10 +348,11 @@ void NoteCycle(int executed, Clock::duration negotiation) {
 bool DriveInline(ProcessSet& ps) {
   GlobalState& st = state();
   if (t_driving || !st.config.speculation_inline || ps.id != kGlobalProcessSetId) return false;
-  std::unique_lock<std::mutex> drive(st.drive_mu, std::try_to_lock);
+  Driving& d = driving();
+  std::unique_lock<std::mutex> drive(d.mu, std::try_to_lock);
   if (!drive.owns_lock()) return false;
-  if (!st.drive_open || st.inline_stop || st.shutdown_requested || !ps.controller->speculating() ||
-      !st.ran_in_step || Clock::now() - st.last_ran > kInlineGap ||
+  if (!d.open || d.inline_stop || st.shutdown.requested || !ps.controller->speculating() ||
+      !d.ran_in_step || Clock::now() - d.last_ran > kInlineGap ||
       st.process_sets.Count() != 1) {
     return false;
   }
@@ -334,11 +370,11 @@ bool DriveInline(ProcessSet& ps) {
     t_driving = false;
     if (!ok) {
       // The background thread stops the job, as if its own cycle had failed.
-      st.inline_stop = true;
-      st.inline_why = why;
-      st.inline_broken = broken;
+      d.inline_stop = true;
+      d.inline_why = why;
+      d.inline_broken = broken;
     } else {
-      st.inline_responses += executed;
+      st.speculation.inline_responses += executed;
     }
   }
   // After a fallback the background thread negotiates what was held.
@@ -360,6 +396,8 @@ bool DriveInline(ProcessSet& ps) {
 // kIdleCap when there is nothing at all, so an idle job costs almost no CPU.
 void BackgroundLoop() {
   GlobalState& st = state();
+  Driving& d = driving();
+  Wakeup& w = wakeup();
   // A name in /proc/<pid>/task/*/comm, so profiles (benchmarks/training.py
   // --profile, perf, top -H) can tell this thread's CPU from TF's.
   pthread_setname_np(pthread_self(), "tfring-bg");
@@ -390,9 +428,9 @@ void BackgroundLoop() {
   bool in_step = false;
   t_driving = true;
   {
-    std::lock_guard<std::mutex> drive(st.drive_mu);
-    st.drive_open = true;
-    st.inline_stop = false;
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.open = true;
+    d.inline_stop = false;
   }
   while (true) {
     int executed = 0;
@@ -400,13 +438,13 @@ void BackgroundLoop() {
     Clock::duration negotiation{};
     Reused<Deferred> done;
     {
-      // The controllers are read and driven under drive_mu only.
-      std::lock_guard<std::mutex> drive(st.drive_mu);
+      // The controllers are read and driven under driving().mu only.
+      std::lock_guard<std::mutex> lock(d.mu);
       DeferCompletions defer(&*done);
-      go_on = !st.inline_stop;
+      go_on = !d.inline_stop;
       if (!go_on) {
-        why = st.inline_why;
-        broken = st.inline_broken;
+        why = d.inline_why;
+        broken = d.inline_broken;
       } else {
         pending = HasPendingWork();
         SetUrgentWaits(pending && in_step);
@@ -418,7 +456,7 @@ void BackgroundLoop() {
         pending_after = HasPendingWork();
       } else {
         // From here on no submitting thread touches the sets (they go below).
-        st.drive_open = false;
+        d.open = false;
       }
     }
     RunDeferred(&*done);
@@ -454,24 +492,24 @@ void BackgroundLoop() {
     if (!HasInFlight()) in_flight_spins = 0;
     if (wait > Clock::duration::zero() && now - device_work_seen < kAfterDeviceWork) {
       const auto until = std::min(now + wait, device_work_seen + kAfterDeviceWork);
-      while (!st.wake.load(std::memory_order_acquire) && Clock::now() < until)
+      while (!w.wake.load(std::memory_order_acquire) && Clock::now() < until)
         std::this_thread::yield();
     }
     if (wait == Clock::duration::zero() && device_timing) {
       // Straight on, without a timed wait (see device_timing). Clearing the
       // flag first loses nothing: the next cycle reads the queue that a
       // submitter filled before setting it.
-      st.wake.store(false, std::memory_order_release);
+      w.wake.store(false, std::memory_order_release);
       continue;
     }
-    std::unique_lock<std::mutex> lock(st.wake_mu);
-    st.wake_cv.wait_for(lock, wait, [&] { return st.wake.load(); });
-    st.wake = false;
+    std::unique_lock<std::mutex> lock(w.mu);
+    w.cv.wait_for(lock, wait, [&] { return w.wake.load(); });
+    w.wake = false;
   }
   {
-    std::lock_guard<std::mutex> lock(st.enqueue_mu);
-    st.stopped = true;
-    st.stopped_status = why;
+    std::lock_guard<std::mutex> lock(st.gate.mu);
+    st.gate.stopped = true;
+    st.gate.stopped_status = why;
   }
   // A GPU collective waiting for a dead peer never ends by itself: abort the
   // GPU planes' pending work so that the drain below sees it end.

@@ -28,7 +28,7 @@ void RequestShutdown(FailureCause cause, const std::string& reason, int rank);
 // and TF waking another thread for the op that consumes the result, since a
 // callback run on a TF thread queues that op on the same thread), each a
 // sleep and a wake-up of tens of microseconds. The cycle is the background
-// thread's own (RunLoopOnce) under drive_mu, so every rank still runs the
+// thread's own (RunLoopOnce) under the driving lock, so every rank still runs the
 // same responses in the same order. Returns false when the background
 // thread must take over: nothing was tried (not speculating, another thread
 // drives, shutting down, TFRING_SPECULATION_INLINE=0), the cycle ran

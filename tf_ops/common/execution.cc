@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "global_state.h"
+#include "operations.h"
 
 namespace tfring {
 

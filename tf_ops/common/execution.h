@@ -25,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 constexpr double kDrainSeconds = 10.0;
 
 // Completions of a cycle, handed to their callbacks once the driving thread
-// has let go of drive_mu: a callback makes TF start the op that consumes the
+// has let go of the driving lock (background_loop.cc): a callback makes TF start the op that consumes the
 // result, which submits at once, and that submission should find nobody
 // driving, so that it runs its collective itself (DriveInline) rather than
 // hand it to the background thread.

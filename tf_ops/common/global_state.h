@@ -6,46 +6,77 @@
 #define TFRING_COMMON_GLOBAL_STATE_H
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "config.h"
-#include "operations.h"
 #include "parameter_manager.h"
 #include "process_set.h"
+#include "speculation_stats.h"
+#include "status.h"
 #include "timeline.h"
 #include "topology.h"
 
 namespace tfring {
 
-struct GlobalState {
-  std::mutex lifecycle_mu;  // init/shutdown transitions
-  std::atomic<bool> running{false};
-  std::atomic<bool> shutdown_requested{false};
-  // Why this rank asks the job to stop; guarded by reason_mu.
-  std::mutex reason_mu;
-  std::string shutdown_reason;
-  FailureCause shutdown_cause = FailureCause::SHUTDOWN;
-  int shutdown_rank = -1;
-  // Guards `stopped` against Enqueue so nothing slips in after the final FailAll.
-  std::mutex enqueue_mu;
+// Why this rank asks the job to stop. Written by RequestShutdown
+// (background_loop.h) from any thread, read by the loop's next round, reset
+// by Initialize.
+struct ShutdownRequest {
+  std::mutex mu;  // guards the three below
+  std::atomic<bool> requested{false};
+  std::string reason;
+  FailureCause cause = FailureCause::SHUTDOWN;
+  int rank = -1;
+
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu);
+    requested = false;
+    reason.clear();
+    cause = FailureCause::SHUTDOWN;
+    rank = -1;
+  }
+};
+
+// Whether collectives may be submitted: Initialize opens it, the background
+// thread closes it when it ends, Enqueue checks it. Under its one mutex so
+// that nothing slips in after the loop's final FailAll.
+struct SubmissionGate {
+  std::mutex mu;
   bool stopped = true;
   bool ever_initialized = false;
   Status stopped_status;  // what Enqueue reports once stopped
+};
 
+// The global set's speculation counters, copied by the thread that drives
+// it, for GetRuntimeParams (tests check that speculation really happened).
+struct SpeculationReport {
+  std::mutex mu;  // guards stats
+  SpeculationStats stats;
+  std::atomic<int64_t> inline_responses{0};
+};
+
+// What the files of the core share (see the top). State that one file alone
+// uses lives in that file: the init/shutdown transitions and the background
+// thread in lifecycle.cc, the loop's wake-up and the driving of the sets
+// (background thread or a submitting thread) in background_loop.cc.
+struct GlobalState {
+  ShutdownRequest shutdown;
+  SubmissionGate gate;
+  SpeculationReport speculation;
+
+  // Set by Initialize before the background thread starts, read-only while
+  // it runs; the loop frees them when it ends.
   Config config;
   Topology topo;
   std::unique_ptr<Backend> backend;
   ProcessSetTable process_sets;
-  std::thread background;
   std::atomic<int> add_counter{0};
+  // Set by the loop when communication broke, read by the next Initialize:
+  // whether the backend whose communication broke can start again, and its
+  // name for the message when it cannot.
   std::atomic<bool> comm_broken{false};
-  // Whether the backend whose communication broke can start again (set with
-  // comm_broken); its name for the message when it cannot.
   bool broken_can_restart = false;
   std::string broken_backend;
   Timeline timeline;
@@ -54,34 +85,6 @@ struct GlobalState {
   std::atomic<int64_t> fusion_threshold_bytes{0};
   std::atomic<int64_t> shm_min_bytes{0};
   std::unique_ptr<ParameterManager> tuner;  // global rank 0, TFRING_AUTOTUNE=1
-
-  // Wakes the background thread when work arrives, so a cycle starts at once
-  // instead of at the next tick.
-  std::mutex wake_mu;
-  std::condition_variable wake_cv;
-  // Atomic so that a loop spinning for new work can watch it without the lock.
-  std::atomic<bool> wake{false};
-
-  // The global set's speculation counters, copied by the background thread
-  // for GetRuntimeParams (tests check that speculation really happened).
-  std::mutex spec_mu;
-  SpeculationCounters spec_stats;
-
-  // One thread at a time drives the controllers and data planes: the
-  // background thread for each cycle, or a submitting thread that runs a
-  // speculated response itself (DriveInline).
-  std::mutex drive_mu;
-  // Under drive_mu: whether the loop runs and the sets may be driven; and a
-  // stop that a submitting thread's cycle ran into, for the loop to act on.
-  bool drive_open = false;
-  bool inline_stop = false;
-  bool inline_broken = false;
-  Status inline_why;
-  // Under drive_mu: when a cycle last ran responses, and whether their peers
-  // were there at once (DriveInline's rule).
-  std::chrono::steady_clock::time_point last_ran;
-  bool ran_in_step = false;
-  std::atomic<int64_t> inline_responses{0};
 };
 
 // Never destroyed: kernels may still hold callbacks into the core while the

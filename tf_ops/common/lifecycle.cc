@@ -1,5 +1,6 @@
 // init() and shutdown(), and what they leave behind: whether tfring runs,
 // the job's topology, and whether it may start again (operations.h).
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -14,24 +15,39 @@ namespace tfring {
 
 namespace {
 
-// Under lifecycle_mu: whether tfring runs, else whether it may start again.
+// The init/shutdown transitions, this file's alone: one at a time (mu),
+// whether a job runs here, and its background thread. Never destroyed, as
+// state() (global_state.h).
+struct Lifecycle {
+  std::mutex mu;
+  std::atomic<bool> running{false};
+  std::thread background;
+};
+
+Lifecycle& lifecycle() {
+  static Lifecycle* l = new Lifecycle();
+  return *l;
+}
+
+// Under lifecycle().mu: whether tfring runs, else whether it may start again.
 Status CheckCanStartLocked(bool* running) {
   GlobalState& st = state();
+  Lifecycle& lc = lifecycle();
   {
-    std::lock_guard<std::mutex> elock(st.enqueue_mu);
-    *running = st.running && !st.stopped;
+    std::lock_guard<std::mutex> elock(st.gate.mu);
+    *running = lc.running && !st.gate.stopped;
     if (*running) return Status::OK();
   }
   // The previous job ended (shutdown() here, or another rank stopped it).
-  if (st.background.joinable()) st.background.join();
+  if (lc.background.joinable()) lc.background.join();
   if (st.comm_broken && !st.broken_can_restart) {
     // Still the failure that broke it (its cause and rank), in other words.
-    return Status::Make(StatusCode::ABORTED, st.stopped_status.cause(),
+    return Status::Make(StatusCode::ABORTED, st.gate.stopped_status.cause(),
                         "tfring cannot start again in this process: communication broke "
                         "down earlier, and the " + st.broken_backend +
-                        " transport cannot recover from that (" + st.stopped_status.message() +
+                        " transport cannot recover from that (" + st.gate.stopped_status.message() +
                         ")",
-                        st.stopped_status.rank());
+                        st.gate.stopped_status.rank());
   }
   return Status::OK();
 }
@@ -39,24 +55,21 @@ Status CheckCanStartLocked(bool* running) {
 }  // namespace
 
 Status CheckCanStart(bool* running) {
-  GlobalState& st = state();
-  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  std::lock_guard<std::mutex> lock(lifecycle().mu);
   return CheckCanStartLocked(running);
 }
 
 Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
   GlobalState& st = state();
-  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
+  Lifecycle& lc = lifecycle();
+  std::lock_guard<std::mutex> lock(lc.mu);
   bool running = false;
   TFRING_RETURN_IF_ERROR(CheckCanStartLocked(&running));
   if (running) return Status::OK();
   if (!backend) return Status::InvalidArgument("tfring: Initialize() needs a backend");
 
   st.config = config;
-  st.shutdown_requested = false;
-  st.shutdown_reason.clear();
-  st.shutdown_cause = FailureCause::SHUTDOWN;
-  st.shutdown_rank = -1;
+  st.shutdown.Reset();
   SetLogging(st.config.log_level, st.config.log_timestamps, backend->rank());
   // A first global set, on the fallback plane only, learns the topology; the
   // real one is then built knowing which ranks share a host (for shared
@@ -100,13 +113,13 @@ Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
   st.process_sets.Clear();
   st.process_sets.Add(global);
   {
-    std::lock_guard<std::mutex> elock(st.enqueue_mu);
-    st.stopped = false;
-    st.stopped_status = Status::OK();
+    std::lock_guard<std::mutex> elock(st.gate.mu);
+    st.gate.stopped = false;
+    st.gate.stopped_status = Status::OK();
   }
-  st.ever_initialized = true;
-  st.running = true;
-  st.background = std::thread(BackgroundLoop);
+  st.gate.ever_initialized = true;
+  lc.running = true;
+  lc.background = std::thread(BackgroundLoop);
   TFRING_LOG(DEBUG) << "initialised over " << st.backend->name() << ": size " << topo.size
                     << ", local rank " << topo.local_rank << " of " << topo.local_size;
   return Status::OK();
@@ -114,43 +127,44 @@ Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
 
 Status Shutdown(const std::string& reason) {
   GlobalState& st = state();
-  std::lock_guard<std::mutex> lock(st.lifecycle_mu);
-  if (!st.running) return Status::OK();
+  Lifecycle& lc = lifecycle();
+  std::lock_guard<std::mutex> lock(lc.mu);
+  if (!lc.running) return Status::OK();
   RequestShutdown(FailureCause::SHUTDOWN,
                   "rank " + std::to_string(st.topo.rank) +
                       (reason.empty() ? " called shutdown() (or its script ended)" : " " + reason),
                   st.topo.rank);
-  if (st.background.joinable()) st.background.join();
+  if (lc.background.joinable()) lc.background.join();
   {
-    std::lock_guard<std::mutex> elock(st.enqueue_mu);
-    st.stopped_status = Status::NotInitialized(
+    std::lock_guard<std::mutex> elock(st.gate.mu);
+    st.gate.stopped_status = Status::NotInitialized(
         "tfring has been shut down on this rank (shutdown() was called); call init() to start it "
         "again.");
   }
-  st.running = false;
+  lc.running = false;
   return Status::OK();
 }
 
 bool IsInitialized() {
   GlobalState& st = state();
-  std::lock_guard<std::mutex> lock(st.enqueue_mu);
-  return st.running && !st.stopped;
+  std::lock_guard<std::mutex> lock(st.gate.mu);
+  return lifecycle().running && !st.gate.stopped;
 }
 
 Status CheckInitialized() {
   GlobalState& st = state();
-  std::lock_guard<std::mutex> lock(st.enqueue_mu);
-  if (!st.ever_initialized) {
+  std::lock_guard<std::mutex> lock(st.gate.mu);
+  if (!st.gate.ever_initialized) {
     return Status::NotInitialized("tfring has not been initialized; use hvd.init().");
   }
-  if (st.stopped) return st.stopped_status;
+  if (st.gate.stopped) return st.gate.stopped_status;
   return Status::OK();
 }
 
 Status CheckTopologyKnown() {
   GlobalState& st = state();
-  std::lock_guard<std::mutex> lock(st.enqueue_mu);
-  if (!st.ever_initialized) {
+  std::lock_guard<std::mutex> lock(st.gate.mu);
+  if (!st.gate.ever_initialized) {
     return Status::NotInitialized("tfring has not been initialized; use hvd.init().");
   }
   return Status::OK();

@@ -54,11 +54,11 @@ Status CheckAlltoallArguments(const TensorTableEntry& e, int set_size, int rank)
 
 Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
   GlobalState& st = state();
-  std::unique_lock<std::mutex> lock(st.enqueue_mu);
-  if (!st.ever_initialized) {
+  std::unique_lock<std::mutex> lock(st.gate.mu);
+  if (!st.gate.ever_initialized) {
     return Status::NotInitialized("tfring has not been initialized; use hvd.init().");
   }
-  if (st.stopped) return st.stopped_status;
+  if (st.gate.stopped) return st.gate.stopped_status;
   auto ps = st.process_sets.Get(process_set_id);
   if (!ps) {
     return Status::InvalidArgument("tfring: there is no process set with id " +
@@ -98,8 +98,8 @@ Status Enqueue(int32_t process_set_id, TensorTableEntry entry) {
 void Abandon(int32_t process_set_id, const TensorTableEntry& entry, const Status& why) {
   GlobalState& st = state();
   {
-    std::lock_guard<std::mutex> lock(st.enqueue_mu);
-    if (!st.ever_initialized || st.stopped) return;
+    std::lock_guard<std::mutex> lock(st.gate.mu);
+    if (!st.gate.ever_initialized || st.gate.stopped) return;
     auto ps = st.process_sets.Get(process_set_id);
     if (!ps || !ps->included()) return;
     Request r = entry.ToRequest(ps->rank);
@@ -166,10 +166,10 @@ RuntimeParams GetRuntimeParams() {
   p.shm_min_bytes = st.shm_min_bytes;
   p.autotune_done = st.tuner ? st.tuner->done() && !st.tuner->HasUpdate() : false;
   {
-    std::lock_guard<std::mutex> lock(st.spec_mu);
-    p.speculation = st.spec_stats;
+    std::lock_guard<std::mutex> lock(st.speculation.mu);
+    p.speculation = st.speculation.stats;
   }
-  p.speculation.inline_responses = st.inline_responses;
+  p.inline_responses = st.speculation.inline_responses;
   return p;
 }
 

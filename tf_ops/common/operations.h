@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config.h"
+#include "speculation_stats.h"
 #include "status.h"
 #include "tensor_queue.h"
 
@@ -76,25 +77,17 @@ Status RemoveProcessSet(int32_t id);
 Status GetProcessSet(int32_t id, int* rank, std::vector<int>* ranks);
 std::vector<int32_t> ProcessSetIds();
 
-// The values in force now (autotune may change them; all ranks agree).
-// The global set's speculation (controller.h): times entered, responses run
-// without negotiation, fallbacks (a rank diverged) and failures (the data
-// plane failed). Counted since init(), on this rank.
-struct SpeculationCounters {
-  int64_t entered = 0;
-  int64_t responses = 0;
-  int64_t fallbacks = 0;
-  int64_t failures = 0;
-  // Responses run by the submitting thread itself (TFRING_SPECULATION_INLINE).
-  int64_t inline_responses = 0;
-};
-
+// The values in force now (autotune may change them; all ranks agree), and
+// the global set's speculation since init() on this rank.
 struct RuntimeParams {
   int64_t fusion_threshold_bytes;
   double cycle_time_ms;
   int64_t shm_min_bytes;
   bool autotune_done;  // on rank 0 with TFRING_AUTOTUNE=1: the search has ended
-  SpeculationCounters speculation;
+  SpeculationStats speculation;
+  // Speculated responses run by the submitting thread itself
+  // (TFRING_SPECULATION_INLINE), not the background thread.
+  int64_t inline_responses = 0;
 };
 RuntimeParams GetRuntimeParams();
 

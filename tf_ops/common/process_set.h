@@ -29,7 +29,7 @@ struct ProcessSet {
   ExecutorTable executors;
   InFlight in_flight;  // started collectives the device has not finished
   // Storage a round reuses, kept with the set rather than with a thread: a
-  // set is driven by one thread at a time (drive_mu), the background thread
+  // set is driven by one thread at a time (background_loop.cc: driving), the background thread
   // or a submitting one (DriveInline), and per-thread storage grew again
   // whenever the other thread took its turn.
   struct RoundScratch {

@@ -34,6 +34,7 @@
 #include "executor.h"
 #include "message.h"
 #include "response_cache.h"
+#include "speculation_stats.h"
 #include "status.h"
 
 namespace tfring {
@@ -43,13 +44,6 @@ enum class SpeculationOutcome {
   AGREED,   // no rank raised the divergence flag; the collective ran
   FLAGGED,  // some rank raised it; nothing was written anywhere
   FAILED,   // the data plane failed; the response's tensors got its error
-};
-
-struct SpeculationStats {
-  int64_t entered = 0;    // times speculative mode was entered
-  int64_t responses = 0;  // speculative responses run and agreed
-  int64_t fallbacks = 0;  // speculative responses that some rank flagged
-  int64_t failures = 0;   // speculative responses whose data plane failed
 };
 
 class Speculation {
