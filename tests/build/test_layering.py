@@ -1,6 +1,7 @@
 """Layering of the sources.
 
-C++: MPI lives only in tf_ops/common/mpi/ and the MPI data plane, so that a
+C++: the floors of tf_ops/common (SEAMS below): no include runs back up.
+MPI lives only in tf_ops/common/mpi/ and the MPI data plane, so that a
 build with TFRING_WITH_MPI=0 (which leaves exactly those files out) compiles,
 and the core's start-up and planes stay transport-neutral.
 (tests/common/test_core_cpp.py keeps TensorFlow out of the core the same way.)
@@ -111,6 +112,98 @@ def test_the_check_finds_mpi_includes(tmp_path):
         (os.path.join("tf_ops", "python_module.cc"), 2),
         (os.path.join("tf_ops", "python_module.cc"), 4),
     ], found
+
+
+# The floors of tf_ops/common (tests/ aside), from the bottom; a file
+# includes only files of its own floor or below:
+# 0. the seams: the types every layer shares (common, status, config,
+#    logging, reduction, the peer monitor), the interfaces the core drives
+#    (the DataPlane, the Executor over its fusion buffer, device events, the
+#    GPU hooks) and the one it starts (Backend);
+# 1. what implements them: the data planes (ops/) and the transports
+#    (transport/, and MPI's context and communicator in mpi/);
+# 2. the core: queue, negotiation, speculation, execution, the loop,
+#    lifecycle and operations.h;
+# 3. the assembly room, where a transport is joined with the core into a
+#    Backend: backends/ (TCP) and MPI's backend, controller and
+#    registration (mpi/, where MPI must stay).
+SEAMS = {
+    "common.h", "common.cc", "status.h", "config.h", "config.cc", "logging.h", "logging.cc",
+    "reduction.h", "reduction.cc", "peer_monitor.h", "peer_monitor.cc", "device_event.h",
+    "fusion_buffer.h", "fusion_buffer.cc", "executor.h", "executor.cc", "gpu_support.h",
+    "gpu_support.cc", "backend.h", "ops/data_plane.h"}
+MPI_ASSEMBLY = {"mpi/mpi_backend.h", "mpi/mpi_backend.cc", "mpi/mpi_controller.h",
+                "mpi/mpi_controller.cc", "mpi/mpi_init.cc"}
+FLOOR_NAMES = ["the seams", "the planes and transports", "the core", "the assembly room"]
+
+
+def core_floor(rel):
+    """The floor (0-3, above) of a file given relative to tf_ops/common."""
+    rel = rel.replace(os.sep, "/")
+    if rel in SEAMS:
+        return 0
+    if rel.startswith("backends/") or rel in MPI_ASSEMBLY:
+        return 3
+    if rel.startswith(("ops/", "transport/", "mpi/")):
+        return 1
+    return 2
+
+
+def core_floor_violations(root):
+    """"file:line -> target" for every include in tf_ops/common (tests/
+    aside) that reaches a higher floor or leaves tf_ops/common."""
+    common = os.path.join(root, "tf_ops", "common")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(common):
+        dirnames[:] = [d for d in dirnames if os.path.relpath(os.path.join(dirpath, d), common)
+                       != "tests"]
+        for name in sorted(filenames):
+            if not name.endswith((".cc", ".h", ".cu")):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), common)
+            with open(os.path.join(common, rel), encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    m = _INCLUDE.match(line)
+                    if not m or m.group(1) != '"':
+                        continue
+                    target = os.path.normpath(os.path.join(os.path.dirname(rel), m.group(2)))
+                    if target.startswith(".."):
+                        found.append(f"{rel}:{number} -> {m.group(2)} (outside tf_ops/common)")
+                    elif not os.path.exists(os.path.join(common, target)):
+                        continue  # a generated or system header under quotes
+                    elif core_floor(target) > core_floor(rel):
+                        found.append(f"{rel}:{number} -> {target} "
+                                     f"({FLOOR_NAMES[core_floor(rel)]} reaching up to "
+                                     f"{FLOOR_NAMES[core_floor(target)]})")
+    return found
+
+
+def test_no_include_in_the_core_runs_back_up_a_floor():
+    assert core_floor_violations(ROOT) == []
+
+
+def test_the_floor_check_finds_includes_that_run_up(tmp_path):
+    common = tmp_path / "tf_ops" / "common"
+    for d in ("ops", "transport/tcp", "backends", "mpi", "tests"):
+        (common / d).mkdir(parents=True)
+    files = {
+        "status.h": "",
+        "controller.h": '#include "status.h"\n',
+        "ops/data_plane.h": '#include "../status.h"\n',
+        "ops/ring_data_plane.cc": '#include "data_plane.h"\n#include "../controller.h"\n',
+        "transport/tcp/world.cc": '#include "../../backends/tcp_backend.h"\n',
+        "backends/tcp_backend.h": '#include "../controller.h"\n#include "../transport/tcp/world.h"\n',
+        "transport/tcp/world.h": "",
+        "mpi/mpi_context.h": '#include "mpi_backend.h"\n',
+        "mpi/mpi_backend.h": '#include "../controller.h"\n',
+        "status.cc": '#include "../tensorflow/kernels.h"\n',
+        "tests/check.h": '#include "../backends/tcp_backend.h"\n',
+    }
+    for rel, text in files.items():
+        (common / rel).write_text(text)
+    found = sorted(v.split(" ->")[0] for v in core_floor_violations(str(tmp_path)))
+    assert found == ["mpi/mpi_context.h:1", "ops/ring_data_plane.cc:2", "status.cc:1",
+                     "transport/tcp/world.cc:1"], found
 
 
 # The packages each package of tfring may import from, besides itself and

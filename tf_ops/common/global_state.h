@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "backend.h"
 #include "config.h"
 #include "parameter_manager.h"
 #include "process_set.h"

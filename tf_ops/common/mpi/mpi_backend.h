@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "../backend.h"
 #include "../process_set.h"
 #include "mpi_communicator.h"
 

@@ -1,6 +1,6 @@
 // The transports tfring can start over, in one table. Each transport's own
 // file registers it once, under its TFRING_CONTROLLER name, with what makes
-// its Backend (process_set.h); a binding starts one by name
+// its Backend (backend.h); a binding starts one by name
 // (StartTransport), so the bindings include no transport's headers, and a
 // new transport is its files plus one RegisterTransport line (see
 // docs/architecture.md). The Python side has the matching table in
@@ -17,7 +17,7 @@
 
 namespace tfring {
 
-class Backend;  // process_set.h
+class Backend;  // backend.h
 struct Config;  // config.h
 
 // What a binding hands a transport besides the environment (Config).

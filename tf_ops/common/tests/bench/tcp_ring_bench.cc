@@ -10,7 +10,7 @@
 //   RANK r median_ms M busbw_gbs B cpu_ms_per_op C
 // where C is this process's CPU time (user + system) per allreduce.
 // MODE "negotiate" instead times the TCP controller's negotiation round
-// (transport/p2p_controller.h): REPS rounds of the cache-bit allreduce
+// (backends/p2p_controller.h): REPS rounds of the cache-bit allreduce
 // (BYTES/8 words) alone ("bits") and of a cache miss (the bits, then a
 // gather of BYTES to rank 0 and its broadcast back), waits urgent as in a
 // training step, and prints

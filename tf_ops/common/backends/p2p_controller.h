@@ -3,13 +3,13 @@
 // backend uses it; MPI keeps its own controller, which uses MPI's
 // collectives. The messages are the same either way (message.h), and so
 // are the decisions and the errors (controller.h).
-#ifndef TFRING_COMMON_TRANSPORT_P2P_CONTROLLER_H
-#define TFRING_COMMON_TRANSPORT_P2P_CONTROLLER_H
+#ifndef TFRING_COMMON_BACKENDS_P2P_CONTROLLER_H
+#define TFRING_COMMON_BACKENDS_P2P_CONTROLLER_H
 
 #include <memory>
 
 #include "../controller.h"
-#include "communicator.h"
+#include "../transport/communicator.h"
 
 namespace tfring {
 
@@ -36,4 +36,4 @@ class P2PController : public Controller {
 
 }  // namespace tfring
 
-#endif  // TFRING_COMMON_TRANSPORT_P2P_CONTROLLER_H
+#endif  // TFRING_COMMON_BACKENDS_P2P_CONTROLLER_H

@@ -1,19 +1,21 @@
-// The TCP backend: tfring without MPI. Ranks find each other through the
+// The TCP backend (the assembly room, backends/: a transport joined with the
+// core): tfring without MPI. Ranks find each other through the
 // rendezvous store (docs/wire.md), connect a full mesh of authenticated TCP
 // connections (tcp_communicator.h), and run negotiation (P2PController) and
 // collectives (the planes chosen by ops/data_plane_factory.h) over it.
 // Unlike MPI it can start again in the same process after a failure, which
 // elastic training needs.
-#ifndef TFRING_COMMON_TRANSPORT_TCP_TCP_BACKEND_H
-#define TFRING_COMMON_TRANSPORT_TCP_TCP_BACKEND_H
+#ifndef TFRING_COMMON_BACKENDS_TCP_BACKEND_H
+#define TFRING_COMMON_BACKENDS_TCP_BACKEND_H
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "../../config.h"
-#include "../../process_set.h"
-#include "../communicator.h"
+#include "../backend.h"
+#include "../config.h"
+#include "../process_set.h"
+#include "../transport/communicator.h"
 
 namespace tfring {
 
@@ -53,4 +55,4 @@ class TcpBackend : public Backend {
 
 }  // namespace tfring
 
-#endif  // TFRING_COMMON_TRANSPORT_TCP_TCP_BACKEND_H
+#endif  // TFRING_COMMON_BACKENDS_TCP_BACKEND_H

@@ -7,14 +7,14 @@
 #include <chrono>
 #include <thread>
 
-#include "../../logging.h"
-#include "../../operations.h"
-#include "../../ops/data_plane_factory.h"
-#include "../registry.h"
-#include "../p2p_controller.h"
-#include "rendezvous_client.h"
-#include "tcp_communicator.h"
-#include "topology.h"
+#include "../logging.h"
+#include "../operations.h"
+#include "../ops/data_plane_factory.h"
+#include "../transport/registry.h"
+#include "p2p_controller.h"
+#include "../transport/tcp/rendezvous_client.h"
+#include "../transport/tcp/tcp_communicator.h"
+#include "../transport/tcp/topology.h"
 
 namespace tfring {
 
