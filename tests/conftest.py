@@ -1,25 +1,45 @@
-"""Shared fixtures for the whole suite.
+"""Shared fixtures for the whole suite, and how it runs in parallel.
 
 Suites under */ranks/ run inside every rank of a tfringrun job; a plain
 pytest run launches them (see tests/tensorflow/test_ranks.py) rather than
 collecting them itself.
+
+`pytest -q` runs the suite on two pytest-xdist workers (pyproject.toml's
+addopts); tests/tools/parallel.py groups the tests (a file, or files that
+share a session fixture, run whole on one worker) and orders the groups.
 """
 import os
 import shutil
+import uuid
 
 import pytest
 
-from support import CONTROLLERS, missing_tool, tfringrun
+from support import CONTROLLERS, SESSION_TAG_ENV, missing_tool, tfringrun
 
 collect_ignore_glob = [] if os.environ.get("TFRING_RANK_TESTS") == "1" else ["*/ranks/*"]
 
+# This pytest process's tag (support.started_here): set here, at import, in
+# every worker (a worker inherits the controller's environment, so the tag
+# is set anew, not defaulted), before any test starts a process.
+if os.environ.get("TFRING_RANK_TESTS") != "1":
+    os.environ[SESSION_TAG_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
 
 def pytest_configure(config):
-    # TFRING_TEST_PROFILE=<file>: where each test's time goes (tests/tools/durations.py).
+    if os.environ.get("TFRING_RANK_TESTS") == "1":
+        return
+    from tools import parallel
+    config.pluginmanager.register(parallel, "tfring-parallel")
+    # TFRING_TEST_PROFILE=<file>: where each test's time goes
+    # (tests/tools/durations.py). Under xdist each worker records the tests
+    # it runs; the controller runs none.
     path = os.environ.get("TFRING_TEST_PROFILE")
-    if path and os.environ.get("TFRING_RANK_TESTS") != "1":
+    controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
+    if path:
         from tools import profile_plugin
-        profile_plugin.register(config, path)
+        profile_plugin.mark_start()
+        if not controller:
+            profile_plugin.register(config, path)
 
 
 def pytest_runtest_setup(item):
@@ -40,3 +60,8 @@ def run_ranks():
 def controller(request):
     """Each controller (transport) in turn: "mpi", then "tcp"."""
     return request.param
+
+
+
+def pytest_collection_finish(session):  # DEBUG
+    open("/tmp/wt35_dbg.txt","a").write(f"finish {[i.nodeid for i in session.items][:2]}\n")

@@ -40,7 +40,7 @@ def available():
     """True when this process may create network namespaces and links."""
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
         return False
-    name = f"tfrprobe{os.getpid() % 100000}"
+    name = f"tfrprobe{os.getpid()}"
     try:
         _ip("netns", "add", name)
     except (subprocess.CalledProcessError, OSError):
@@ -49,25 +49,67 @@ def available():
     return True
 
 
+def _base36(n):
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, d = divmod(n, 36)
+        out = digits[d] + out
+        if n == 0:
+            return out
+
+
+# Every FakeHosts on the machine takes a /24 of its own for its bridge. Two
+# test processes (two xdist workers, two checkouts' runs) choose at the same
+# time, so the choice and the bridge's address are made under this lock,
+# and a subnet any interface already has is never chosen.
+SUBNET_LOCK = "/tmp/tfring-fake-hosts.lock"
+
+
+def _used_subnets():
+    out = _ip("-o", "-4", "addr", "show").stdout
+    return {m.group(1) for m in re.finditer(r"inet (\d+\.\d+\.\d+)\.\d+/", out)}
+
+
+def _free_subnet():
+    used = _used_subnets()
+    start = os.getpid() % 50 * 250
+    for i in range(50 * 250):
+        k = (start + i) % (50 * 250)
+        subnet = f"10.{200 + k // 250}.{k % 250}"
+        if subnet not in used:
+            return subnet
+    raise RuntimeError("no free 10.200-249.x.0/24 subnet for fake hosts")
+
+
 class FakeHosts:
     """``with FakeHosts(["a", "b"]) as hosts:`` creates the namespaces of
     fake hosts named a and b (the names ranks see as their host names)."""
 
     def __init__(self, names):
         self.names = list(names)
-        tag = f"{os.getpid() % 10000}{next(_counter)}"
-        self.bridge = f"tfrb{tag}"[:15]
-        self.subnet = f"10.{200 + os.getpid() % 50}.{next(_counter) % 250}"
-        self.root_address = f"{self.subnet}.254"
-        self._ns = {n: f"tfrns{tag}{i}" for i, n in enumerate(self.names)}
-        self._veth = {n: f"tfrv{tag}{i}"[:13] for i, n in enumerate(self.names)}
-        self._addr = {n: f"{self.subnet}.{i + 1}" for i, n in enumerate(self.names)}
+        # Unique on the machine while this process lives: its pid and a
+        # count (base 36, so that a veth's name, with its "h" or "n", stays
+        # within the kernel's 15 characters).
+        tag = _base36(os.getpid()) + "-" + _base36(next(_counter))
+        self.bridge = f"tfrb{tag}"
+        self._ns = {n: f"tfrns{tag}-{i}" for i, n in enumerate(self.names)}
+        self._veth = {n: f"tfv{tag}-{_base36(i)}" for i, n in enumerate(self.names)}
+        assert all(len(v) <= 14 for v in self._veth.values()) and len(self.bridge) <= 15
+        self.subnet = self.root_address = None
+        self._addr = {}
         self._dir = None
 
     def __enter__(self):
+        import fcntl
         try:
-            _ip("link", "add", self.bridge, "type", "bridge")
-            _ip("addr", "add", f"{self.root_address}/24", "dev", self.bridge)
+            with open(SUBNET_LOCK, "a+") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self.subnet = _free_subnet()
+                self.root_address = f"{self.subnet}.254"
+                self._addr = {n: f"{self.subnet}.{i + 1}" for i, n in enumerate(self.names)}
+                _ip("link", "add", self.bridge, "type", "bridge")
+                _ip("addr", "add", f"{self.root_address}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
             for name in self.names:
                 ns, veth = self._ns[name], self._veth[name]

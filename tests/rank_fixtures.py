@@ -5,6 +5,7 @@ They drive the binding named by BINDING, imported when first used:
 tfring.tensorflow, unless a suite's conftest sets another (tests/core/ranks
 sets tfring.core, which must not import TensorFlow) before its tests run."""
 import importlib
+import os
 
 import pytest
 
@@ -18,6 +19,12 @@ def _hvd():
 @pytest.fixture(scope="session", autouse=True)
 def initialized():
     _hvd().init()
+    # TFRING_TEST_PIDS_DIR: the driver wants to know the ranks' pids (whose
+    # shared-memory segments are named by them: tests/common/ops/test_planes.py).
+    pids_dir = os.environ.get("TFRING_TEST_PIDS_DIR")
+    if pids_dir:
+        with open(os.path.join(pids_dir, f"pid.{_hvd().rank()}"), "w") as f:
+            f.write(str(os.getpid()))
     yield
 
 

@@ -148,8 +148,11 @@ def run_rank_suite(np_, suites, timeout=600, env=None, python=sys.executable, ar
     # the test. Its peers, which may be waiting in that test's next
     # collective, then hear that the rank has finished, fail and stop too,
     # instead of waiting out the job's timeout with the name unprinted.
+    # -o addopts=: the outer run's default options (pyproject.toml: two
+    # xdist workers) are not a rank's; each rank runs its suite in its own
+    # process, with a Python that may not have xdist (the install matrix's).
     result = tfringrun(np_, [python, "-m", "pytest", *map(str, suites), "-q", "-x", "-p",
-                             "no:cacheprovider", *args],
+                             "no:cacheprovider", "-o", "addopts=", *args],
                        timeout=timeout, env=env, python=python, controller=controller)
     where = " + ".join(os.path.relpath(str(s), ROOT) for s in suites)
     assert result.returncode == 0, (
@@ -196,6 +199,31 @@ def live_pids(pids, wait=0.0):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+# Every process a test starts inherits, in its environment, the tag of the
+# pytest process (an xdist worker, or the only one) that started it; checks
+# for leftovers look only at processes that carry it (started_here), so that
+# two workers, or two runs, never take each other's processes for their own.
+SESSION_TAG_ENV = "TFRING_TEST_SESSION"
+
+
+def session_tag():
+    """This pytest process's tag (set by tests/conftest.py; its children
+    inherit it)."""
+    return os.environ[SESSION_TAG_ENV]
+
+
+def started_here(pid):
+    """True when process `pid` carries this pytest process's tag in its
+    environment: it was started by this process or its descendants (even if
+    it has since lost its parent)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{SESSION_TAG_ENV}={session_tag()}".encode() in env
 
 
 def missing_tool(what):

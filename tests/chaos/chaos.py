@@ -26,7 +26,9 @@ naming the fault's worker or host; no Python traceback was printed.
 
 At the end the job is told to stop, must exit 0 with equal final weights,
 and no process, ``/dev/shm`` segment, network namespace or link (and so
-no qdisc) of the run may be left.
+no qdisc) of the run may be left. (The run's own: its processes carry its
+tag, its segments a worker's pid, its namespaces and links its names; other
+jobs on the machine, another test worker's, are not its to answer for.)
 """
 import json
 import os
@@ -173,8 +175,23 @@ def _rss_kb(pid):
     return None
 
 
-def _shm_entries():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+def _shm_segments(pids):
+    """tfring's shared-memory segments in /dev/shm created by any of `pids`
+    (a segment's name is /tfring-<creator's pid>-...): the run's own, not
+    those of other jobs on the machine (another test worker's)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    prefixes = tuple(f"tfring-{pid}-" for pid in pids)
+    return {name for name in os.listdir("/dev/shm") if name.startswith(prefixes)}
+
+
+def _worker_pids(path):
+    """The pids every worker of the run wrote to `path` as it started."""
+    try:
+        with open(path) as f:
+            return {int(line) for line in f if line.strip()}
+    except FileNotFoundError:
+        return set()
 
 
 class ChaosRun:
@@ -417,7 +434,7 @@ class ChaosRun:
         self.reference = Reference(initial_weights())
         self.progress = Progress()
         stop_file = os.path.join(self.workdir, "stop")
-        shm_before = _shm_entries()
+        pids_file = os.path.join(self.workdir, "worker-pids")
         bin_dir = os.path.join(self.workdir, "bin")
         os.makedirs(bin_dir, exist_ok=True)
         from pathlib import Path
@@ -427,6 +444,7 @@ class ChaosRun:
             hosts.ssh_command(bin_dir)
             env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                    "TFRING_HEARTBEAT_SECONDS": "1", "CHAOS_STOP_FILE": stop_file,
+                   "CHAOS_PIDS_FILE": pids_file,
                    "CHAOS_STEP_SLEEP": str(self.step_sleep),
                    "PYTHONPATH": os.pathsep.join(filter(None, [
                        os.path.dirname(TESTS), os.environ.get("PYTHONPATH")]))}
@@ -465,7 +483,7 @@ class ChaosRun:
             "final_ranks": len(p.finals), "final_weights_equal": len(set(p.finals.values())) == 1,
             "memory_kb": self.memory,
             "left": {"processes": left,
-                     "shm": sorted(_shm_entries() - shm_before),
+                     "shm": sorted(_shm_segments(_worker_pids(pids_file))),
                      "netns": [n for n in names if n in netns],
                      "links": [line.split(":")[1].strip() for line in links.splitlines()
                                if hosts.bridge in line or any(

@@ -37,6 +37,10 @@ def digest(model):
 
 
 def main():
+    # The driver's leftover check looks for the shared-memory segments of
+    # the run's workers, named by their pids.
+    with open(os.environ["CHAOS_PIDS_FILE"], "a") as f:
+        f.write(f"{os.getpid()}\n")
     hvd.init()
     stop_file = os.environ["CHAOS_STOP_FILE"]
     every = int(os.environ.get("CHAOS_DIGEST_EVERY", "10"))

@@ -4,11 +4,11 @@ checked, RSS not growing (tests/common/soak_worker.py does the work).
 Short by default (2000 collectives after a warm-up); the long mode is the
 same test with more steps, e.g.
 
-    TFRING_SOAK_COUNT=100000 python -m pytest tests/common/test_soak.py -s -k np2
+    TFRING_SOAK_COUNT=100000 python -m pytest -n 0 tests/common/test_soak.py -s -k np2
 
 TFRING_SOAK_MAX_RSS_GROWTH_MB changes the RSS bound (default 30 MB). The
 figures (collectives/s, RSS after the warm-up and at the end) are printed;
-pass -s to see them.
+pass -s (and -n 0: xdist's workers do not show a test's output) to see them.
 """
 import os
 import re

@@ -73,12 +73,14 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 rm -f "$OUT/steps.jsonl"
+# -o addopts=: not pyproject.toml's default options (two xdist workers):
+# the GPU tests run one at a time, and this machine's Python may lack xdist.
 step build 180 $PY -m tfring.build core
-step cpp_harness 150 $PY -m pytest -m gpu tests/common/test_nccl_gpu.py -v -s -p no:cacheprovider
-step core_gpu 220 $PY -m pytest -m gpu tests/gpu/test_core_gpu.py -v -s -p no:cacheprovider \
+step cpp_harness 150 $PY -m pytest -o addopts= -m gpu tests/common/test_nccl_gpu.py -v -s -p no:cacheprovider
+step core_gpu 220 $PY -m pytest -o addopts= -m gpu tests/gpu/test_core_gpu.py -v -s -p no:cacheprovider \
   --junitxml="$OUT/core_gpu.xml"
 step bench 240 $PY benchmarks/gpu.py --out "$OUT/bench" --iters 20 --rounds 3
-step torch_gpu 150 env TFRING_TORCH_PYTHON="$TORCH_PY" $PY -m pytest -m gpu \
+step torch_gpu 150 env TFRING_TORCH_PYTHON="$TORCH_PY" $PY -m pytest -o addopts= -m gpu \
   tests/gpu/test_torch_gpu.py -v -s -p no:cacheprovider --junitxml="$OUT/torch_gpu.xml"
 # The module for the torch interpreter first (torch_gpu builds it too, when run).
 step torch_bench 150 bash -c "PYTHONPATH=$PWD '$TORCH_PY' -c 'from tfring.build import core_module; \

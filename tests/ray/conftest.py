@@ -4,6 +4,8 @@ It is a ``ray.cluster_utils.Cluster``: a head node that runs every test, and
 nodes a test may add and remove (elastic resizes) while the others share
 the head's resources."""
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -31,6 +33,13 @@ def ray_cluster():
     # 60 s. On one machine a placement group whose resources exist is ready
     # within a second. Ray hands the variable on to its controller.
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "8")
+    # Ray's files (sessions, sockets, and ray_current_cluster, the address
+    # that a plain ray.init() on this machine connects to) in a directory of
+    # this session's: a Ray job that another worker runs (the docs' Ray
+    # example) starts its own cluster, as a user's would, and does not join
+    # this one. Short: Ray's socket paths must fit 107 characters.
+    ray_tmp = tempfile.mkdtemp(prefix="tfr-ray-", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = ray_tmp
     before = set(descendants([os.getpid()]))
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 4, "resources": {RESIZE_SLOT: 2}, "object_store_memory": 200 << 20,
@@ -56,4 +65,9 @@ def ray_cluster():
     started = set(roots + descendants(roots) + added + descendants(added))
     ray.shutdown()
     cluster.shutdown()
-    assert not live_pids(sorted(started), wait=10.0), "Ray's processes outlived the cluster's shutdown"
+    try:
+        assert not live_pids(sorted(started), wait=10.0), \
+            "Ray's processes outlived the cluster's shutdown"
+    finally:
+        del os.environ["RAY_TMPDIR"]
+        shutil.rmtree(ray_tmp, ignore_errors=True)

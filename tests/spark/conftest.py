@@ -4,23 +4,27 @@ import sys
 
 import pytest
 
-from support import import_extra, live_pids
+from support import import_extra, live_pids, started_here
 
 TASK_MARKER = b"tfring.spark._task_main"
 
 
 def rank_processes():
-    """Pids of the live processes that run a tfring.spark rank."""
+    """Pids of the live processes that run a tfring.spark rank started by
+    this pytest process (through its Spark session or a job it ran): not
+    another worker's, nor another run's on the same machine."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if TASK_MARKER in f.read():
-                    found.append(int(entry))
+                if TASK_MARKER not in f.read():
+                    continue
         except OSError:
             continue
+        if started_here(int(entry)):
+            found.append(int(entry))
     return live_pids(found)
 
 

@@ -22,6 +22,11 @@ says it does:
 On 2 cores a test whose children keep both busy shows twice its wall time of
 CPU; the kinds are scaled down to the wall time then, so that each row adds
 up to its test's wall time.
+
+Under pytest-xdist (the default: two workers) the rows add up to more than
+the run took, as two tests run at once; the lines after the table give each
+worker's share and the run's span. A test's `waiting` then includes the time
+its children waited for the cores the other worker's test was using.
 """
 import argparse
 import collections
@@ -76,6 +81,27 @@ def table(records, cores, top, markdown):
     return "\n".join(lines)
 
 
+def workers(records):
+    """One line per xdist worker (tests, the minutes its tests took, when its
+    last test ended) and the run's span: the wall time of the whole run is
+    the span, not the sum of the table's rows, when workers ran side by
+    side. Empty for a profile without start times (an older one)."""
+    if not records or any("start" not in r for r in records):
+        return ""
+    by_worker = collections.defaultdict(list)
+    for r in records:
+        by_worker[r.get("worker", "main")].append(r)
+    lines = []
+    for worker, rs in sorted(by_worker.items()):
+        busy = sum(r["wall"] for r in rs)
+        end = max(r["start"] + r["wall"] for r in rs)
+        lines.append(f"worker {worker}: {len(rs)} tests, {busy / 60:.1f} min of tests, "
+                     f"last ended at {end / 60:.1f} min")
+    span = max(r["start"] + r["wall"] for r in records) - min(r["start"] for r in records)
+    lines.append(f"span of the run's tests: {span / 60:.1f} min")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("profile", help="the file TFRING_TEST_PROFILE named")
@@ -86,6 +112,10 @@ def main():
     args = p.parse_args()
     records = load(args.profile)
     print(table(records, args.cores, args.top, args.markdown))
+    summary = workers(records)
+    if summary:
+        print()
+        print(summary)
     if args.tests:
         print()
         for r in sorted(records, key=lambda r: -r["wall"])[:args.tests]:

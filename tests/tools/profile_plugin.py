@@ -1,8 +1,12 @@
 """Records where each test's time goes, for tests/tools/durations.py.
 
 Loaded by tests/conftest.py when ``TFRING_TEST_PROFILE=<file>`` is set; adds
-one JSON line per test to that file:
+one JSON line per test to that file (under xdist every worker appends its
+own tests' lines):
 
+- ``worker``: the xdist worker that ran it ("gw0", "gw1"; "main" without
+  xdist), ``group``: its group (tests/tools/parallel.py), and ``start``: when it started, in
+  seconds since the run began;
 - ``wall``: the test's wall time (set-up, call and tear-down);
 - ``self_cpu`` / ``child_cpu``: CPU seconds of the pytest process and of the
   children it reaped meanwhile (rank processes, compilers, launchers);
@@ -21,6 +25,9 @@ import time
 
 import pytest
 
+from tools import parallel
+
+START_ENV = "TFRING_TEST_PROFILE_START"
 _COMPILERS = {"g++", "gcc", "c++", "mpicxx", "nvcc", "bazel", "bazel-4", "ld", "ar"}
 
 
@@ -44,6 +51,11 @@ class _Profiler:
     def __init__(self, path):
         self.path = path
         self.counts = None
+        # `start`: seconds since the run began, which the first pytest
+        # process of the run (xdist's controller) notes in the environment
+        # its workers inherit (mark_start).
+        self.t0 = time.monotonic()
+        self.offset = time.time() - float(os.environ.get(START_ENV, time.time()))
         original = subprocess.Popen.__init__
         profiler = self
 
@@ -66,13 +78,24 @@ class _Profiler:
         own2, kids2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
             resource.RUSAGE_CHILDREN)
         record = {
-            "test": item.nodeid, "wall": round(wall, 3),
+            "test": item.nodeid, "group": parallel.group_of(item.nodeid), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "start": round(start - self.t0 + self.offset, 3), "wall": round(wall, 3),
             "self_cpu": round(own2.ru_utime + own2.ru_stime - own.ru_utime - own.ru_stime, 3),
             "child_cpu": round(kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime, 3),
             **self.counts}
         self.counts = None
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        # One write to a file opened for appending: the workers' lines never
+        # interleave (a line is far below the size a write splits at).
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def mark_start():
+    """Notes the run's start for the workers (see _Profiler's `start`)."""
+    os.environ.setdefault(START_ENV, str(time.time()))
 
 
 def register(config, path):

@@ -39,36 +39,28 @@ FORCED = {
     # Neither shm nor ring: the transport's own plane.
     "mpi": (lambda np_: {"TFRING_CPU_OPERATIONS": "mpi"}, "MPI"),
 }
-# Segment names are /tfring-<pid of rank 0>-<counter>-<random>.
+# Segment names are /tfring-<pid of the creating rank (a host's first)>-<counter>-<random>.
 SEGMENT = re.compile(r"^tfring-(\d+)-")
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _stale_segments():
-    """tfring segments whose creator is gone: ours would be, after the job.
-    (A live creator's name is only there for the instant of set-up, and may
-    belong to another job running at the same time.)"""
+def _segments_of(pids):
+    """tfring segments in /dev/shm created by any of `pids`: the job's ranks
+    (not another job's, which another test worker may be running)."""
     if not os.path.isdir("/dev/shm"):
         return set()
     return {name for name in os.listdir("/dev/shm")
-            if (m := SEGMENT.match(name)) and not _alive(int(m.group(1)))}
+            if (m := SEGMENT.match(name)) and int(m.group(1)) in pids}
 
 
 def _run(np_, controller, env, name, tmp_path):
     timeline = tmp_path / "timeline.json"
-    before = _stale_segments()
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
     check_rank_suite(np_, SUITE, controller, args=("-k", CHECKS),
-                     env=dict(env, TFRING_TIMELINE=str(timeline)))
-    assert _stale_segments() - before == set(), "shared-memory segments left in /dev/shm"
+                     env=dict(env, TFRING_TIMELINE=str(timeline),
+                              TFRING_TEST_PIDS_DIR=str(pids_dir)))
+    pids = {int((pids_dir / f"pid.{r}").read_text()) for r in range(np_)}
+    assert _segments_of(pids) == set(), "shared-memory segments left in /dev/shm"
     text = timeline.read_text()
     # (Some collectives may still run elsewhere: those of process sets the
     # plane is not made for, and what every plane leaves to the fallback.)
