@@ -1,10 +1,13 @@
 #include "peer_monitor.h"
 
+#include <fcntl.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -38,13 +41,21 @@ int PeerMonitor::CpusOf(const std::vector<int>& pids) {
 
 bool PeerMonitor::ProcessAlive(int pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  // A zombie has exited; only its parent has not collected it yet.
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
-  auto close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return true;
-  char state = line[close + 2];
+  // A zombie has exited; only its parent has not collected it yet. Read into
+  // a stack buffer: this runs inside a slow wait of the data planes, which
+  // allocate nothing per collective (issue 38).
+  char path[32];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;  // no /proc: trust kill()
+  char buf[512];  // "pid (comm) state ...": comm is at most 16 bytes
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  const char* end = std::strrchr(buf, ')');  // comm may itself hold a ')'
+  if (end == nullptr || end + 2 >= buf + n) return true;
+  const char state = end[2];
   return state != 'Z' && state != 'X';
 }
 
