@@ -83,7 +83,7 @@ class RingDataPlane : public DataPlane {
   // AUTO's model inputs, measured at the first allreduce.
   bool costs_measured_ = false;
   LinkCosts costs_;
-  std::vector<char> adasum_scratch_;
+  MappedBuffer adasum_scratch_;
   RingPipeline pipeline_;
   RingOptions opt_;
   MappedBuffer work_;   // partial sums of the reducescatter (lives as long as the world)
