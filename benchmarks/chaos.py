@@ -114,16 +114,28 @@ def main():
                         help="rounds a worker lives before its memory growth counts")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    started = time.time()
     with tempfile.TemporaryDirectory(prefix="tfring-chaos-") as workdir:
         run = chaos.ChaosRun(workdir, seed=args.seed, hosts=args.hosts, bound=180.0,
                              step_sleep=args.step_sleep,
                              log=lambda line: print(time.strftime("%H:%M:%S"), line, flush=True))
-        report = run.run(duration=args.duration)
+        try:
+            report = run.run(duration=args.duration)
+        except chaos.ChaosFailure as e:
+            # What was measured up to the failure is kept (--out), with why it
+            # ended; the summary is printed from it and the exit code is 1.
+            report = {"seed": args.seed, "hosts": args.hosts, "rounds": run.rounds,
+                      "exit_code": None, "steps": run._progress().last_step() + 1,
+                      "seconds": round(time.time() - started, 1), "final_weights_equal": None,
+                      "memory_kb": run.memory, "failure": str(e)}
     report["load_average_end"] = os.getloadavg()
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
     print(summary(report, args.warmup_rounds))
+    if "failure" in report:
+        print(report["failure"])
+        sys.exit(1)
 
 
 if __name__ == "__main__":

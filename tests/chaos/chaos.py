@@ -286,6 +286,9 @@ class ChaosRun:
         steps = sorted(p.size)
         if steps != list(range(len(steps))):
             self._fail(f"steps missing from rank 0's output: {sorted(set(range(len(steps))) - set(steps))}")
+        no_loss = [s for s in steps if s not in p.loss]
+        if no_loss:
+            self._fail(f"steps with a SIZE line but no LOSS line from rank 0: {no_loss[:10]}")
         sizes = [p.size[s] for s in steps]
         ref = self.reference(sizes)
         worst = max((abs(p.loss[s] - ref[s]) / max(ref[s], 1e-6) for s in steps), default=0.0)

@@ -1,7 +1,5 @@
 #include "fusion_buffer.h"
 
-#include <cstdlib>
-
 namespace tfring {
 
 FusionLayout PlanFusion(const std::vector<int64_t>& byte_sizes) {
@@ -14,19 +12,21 @@ FusionLayout PlanFusion(const std::vector<int64_t>& byte_sizes) {
   return layout;
 }
 
-void FusionBuffer::FreeDeleter::operator()(void* p) const { std::free(p); }
-
 void* FusionBuffer::Get(int64_t bytes) {
-  if (bytes > capacity_ || !data_) {
-    // Grow geometrically so a slowly increasing workload does not reallocate
+  int64_t capacity = int64_t(data_.size());
+  if (bytes > capacity || data_.empty()) {
+    // Grow geometrically so a slowly increasing workload does not remap
     // every cycle.
-    int64_t cap = capacity_ * 2 > bytes ? capacity_ * 2 : bytes;
+    int64_t cap = capacity * 2 > bytes ? capacity * 2 : bytes;
     cap = ((cap + 63) / 64) * 64;
     if (cap == 0) cap = 64;
-    data_.reset(std::aligned_alloc(64, static_cast<size_t>(cap)));
-    capacity_ = data_ ? cap : 0;
+    try {
+      data_.Reserve(size_t(cap));
+    } catch (const std::bad_alloc&) {
+      return nullptr;  // as aligned_alloc did: the caller reports it
+    }
   }
-  return data_.get();
+  return data_.data();
 }
 
 }  // namespace tfring

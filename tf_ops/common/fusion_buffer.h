@@ -8,6 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include "mapped_buffer.h"
+
 namespace tfring {
 
 struct FusionLayout {
@@ -21,16 +23,13 @@ FusionLayout PlanFusion(const std::vector<int64_t>& byte_sizes);
 
 class FusionBuffer {
  public:
-  // A buffer of at least `bytes`, 64-byte aligned; valid until the next call.
+  // A buffer of at least `bytes`, page-aligned; valid until the next call.
   void* Get(int64_t bytes);
-  int64_t capacity() const { return capacity_; }
+  int64_t capacity() const { return int64_t(data_.size()); }
 
  private:
-  struct FreeDeleter {
-    void operator()(void* p) const;
-  };
-  std::unique_ptr<void, FreeDeleter> data_;
-  int64_t capacity_ = 0;
+  // Mapped, so that the executor's end (a reset) returns it to the OS.
+  MappedBuffer data_;
 };
 
 }  // namespace tfring

@@ -43,15 +43,13 @@ double Coefficient(double dot, double nn) { return nn > 0 ? 1.0 - dot / (2.0 * n
 
 template <typename T>
 Status Run(PointToPoint* p2p, T* buf, const std::vector<int64_t>& counts,
-           std::vector<char>* scratch) {
+           MappedBuffer* scratch) {
   const int n = p2p->size(), me = p2p->rank();
   const size_t tensors = counts.size();
   std::vector<int64_t> start(tensors + 1, 0);
   for (size_t i = 0; i < tensors; ++i) start[i + 1] = start[i] + counts[i];
   Range cur{0, start[tensors]};
-  if (scratch->size() < static_cast<size_t>(cur.len / 2 + 1) * sizeof(T)) {
-    scratch->resize(static_cast<size_t>(cur.len / 2 + 1) * sizeof(T));
-  }
+  scratch->Reserve(static_cast<size_t>(cur.len / 2 + 1) * sizeof(T));
   T* other = reinterpret_cast<T*>(scratch->data());
   // Per tensor: a.b, |a|^2, |b|^2, where a is the lower half-cube's vector.
   std::vector<double> sums(3 * tensors), peer_sums(3 * tensors);
@@ -125,7 +123,7 @@ bool AdasumSupports(DataType dtype) {
 }
 
 Status AdasumAllreduce(PointToPoint* p2p, void* buffer, const std::vector<int64_t>& counts,
-                       DataType dtype, std::vector<char>* scratch) {
+                       DataType dtype, MappedBuffer* scratch) {
   const int n = p2p->size();
   if (n <= 0 || (n & (n - 1)) != 0) {
     return Status::InvalidArgument("tfring: Adasum needs a power-of-two number of ranks, but the "

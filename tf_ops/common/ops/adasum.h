@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "../mapped_buffer.h"
 #include "../status.h"
 
 namespace tfring {
@@ -47,7 +48,7 @@ bool AdasumSupports(DataType dtype);
 // ends with the same bits. Needs a power-of-two number of ranks. `scratch`
 // is reused between calls.
 Status AdasumAllreduce(PointToPoint* p2p, void* buffer, const std::vector<int64_t>& counts,
-                       DataType dtype, std::vector<char>* scratch);
+                       DataType dtype, MappedBuffer* scratch);
 
 }  // namespace tfring
 

@@ -119,7 +119,7 @@ Status AllreduceAlgorithms::FoldIn(const char* in, char* out, int64_t count, Dat
   const int n = comm_->size(), r = comm_->rank();
   const int64_t bytes = count * DataTypeSize(dtype);
   // Both algorithms receive at most a whole input at a time.
-  if (scratch_.size() < static_cast<size_t>(bytes)) scratch_.resize(bytes);
+  scratch_.Reserve(static_cast<size_t>(bytes));
   f->pow2 = LargestPowerOfTwoAtMost(n);
   f->extra = n - f->pow2;
   *cur = in;

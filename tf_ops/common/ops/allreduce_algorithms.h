@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "../mapped_buffer.h"
 #include "../config.h"
 #include "../status.h"
 #include "../transport/communicator.h"
@@ -97,7 +98,7 @@ class AllreduceAlgorithms {
 
   std::shared_ptr<Communicator> comm_;
   int tag_base_;
-  std::vector<char> scratch_;       // what a partner sent
+  MappedBuffer scratch_;            // what a partner sent
   std::vector<int64_t> off_, len_;  // Rabenseifner's blocks (elements)
 };
 

@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "../logging.h"
+#include "../mapped_buffer.h"
 #include "host_layout.h"
 #include "ring_data_plane.h"
 #include "shm_data_plane.h"
@@ -73,7 +74,7 @@ class HierarchicalDataPlane : public DataPlane {
   DataPlane* local_ = nullptr;       // local_shm_ or local_ring_ (null: alone on the host)
   std::unique_ptr<DataPlane> lane_;  // ring among the local_rank-th ranks of every host
   int local_rank_ = 0, local_size_ = 1, lanes_ = 1;
-  std::vector<char> share_;
+  MappedBuffer share_;
 };
 
 Status HierarchicalDataPlane::Allreduce(const void* input, void* output, int64_t count,
@@ -99,9 +100,7 @@ Status HierarchicalDataPlane::Allreduce(const void* input, void* output, int64_t
     if (out != in) std::memcpy(out, in, count * esize);
     return Status::OK();
   }
-  if (share_.size() < static_cast<size_t>(std::max<int64_t>(1, mine * esize))) {
-    share_.resize(std::max<int64_t>(1, mine * esize));
-  }
+  share_.Reserve(static_cast<size_t>(std::max<int64_t>(1, mine * esize)));
   // Out of place by construction: the input is only read by the
   // reducescatter, the output only written by the allgather.
   TFRING_RETURN_IF_ERROR(local_->Reducescatter(in, share_.data(), counts, dtype, op));

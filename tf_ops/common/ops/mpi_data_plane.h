@@ -33,7 +33,7 @@ class MPIDataPlane : public DataPlane {
   // Adasum's pairwise exchanges, on a private duplicate of comm_ made at the
   // first Adasum (every rank of the set runs it in the same order).
   std::unique_ptr<PointToPoint> adasum_p2p_;
-  std::vector<char> adasum_scratch_;
+  MappedBuffer adasum_scratch_;
 };
 
 }  // namespace tfring

@@ -31,6 +31,7 @@
 #include <limits>
 
 #include "../logging.h"
+#include "../mapped_buffer.h"
 #include "../reduction.h"
 #include "allreduce_algorithms.h"
 #include "comm_point_to_point.h"
@@ -82,10 +83,10 @@ class RingDataPlane : public DataPlane {
   // AUTO's model inputs, measured at the first allreduce.
   bool costs_measured_ = false;
   LinkCosts costs_;
-  std::vector<char> adasum_scratch_;
+  MappedBuffer adasum_scratch_;
   RingPipeline pipeline_;
   RingOptions opt_;
-  std::vector<char> work_;   // partial sums of the reducescatter
+  MappedBuffer work_;   // partial sums of the reducescatter (lives as long as the world)
 };
 
 Status RingDataPlane::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
@@ -349,7 +350,7 @@ Status RingDataPlane::Reducescatter(const void* send, void* recv,
   // r-s-2. Each block arrives once, into its own place in `work_` (into
   // `recv` for the last, which is this rank's), and the local contribution is
   // added in place there; no slots, no copies.
-  if (work_.size() < static_cast<size_t>(total * esize)) work_.resize(total * esize);
+  work_.Reserve(static_cast<size_t>(total * esize));
   char* work = work_.data();
   const int64_t piece = PieceBytes(total * esize, n, esize, opt_.segment_bytes);
   std::vector<std::vector<Piece>> pieces(n);

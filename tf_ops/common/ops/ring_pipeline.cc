@@ -116,7 +116,7 @@ Status RingPipeline::Run(const RingPlan& p) {
   }
   if (p.slot_bytes > 0) {
     const size_t need = static_cast<size_t>(p.slot_bytes) * window;
-    if (slots_.size() < need) slots_.resize(need);
+    slots_.Reserve(need);
   }
   std::vector<CommRequestPtr> recvs(units.size());
   std::vector<char*> landed(units.size(), nullptr);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "../mapped_buffer.h"
 #include "../transport/communicator.h"
 
 namespace tfring {
@@ -100,7 +101,7 @@ class RingPipeline {
  private:
   std::shared_ptr<Communicator> comm_;
   int window_;
-  std::vector<char> slots_;  // receive slots of a plan without recv_base
+  MappedBuffer slots_;  // receive slots of a plan without recv_base
 };
 
 }  // namespace ring_internal

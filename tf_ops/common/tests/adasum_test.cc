@@ -98,7 +98,7 @@ static std::vector<std::vector<T>> RunAdasum(const std::vector<std::vector<T>>& 
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       ThreadPointToPoint p2p(r, n, &boxes);
-      std::vector<char> scratch;
+      MappedBuffer scratch;
       (*statuses)[r] = AdasumAllreduce(&p2p, bufs[r].data(), counts, dtype, &scratch);
     });
   }

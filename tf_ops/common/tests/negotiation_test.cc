@@ -4,7 +4,12 @@
 // ready events. Built and run by tests/common/test_core_cpp.py (and by Bazel
 // as //tf_ops:negotiation_test).
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -12,6 +17,7 @@
 
 #include "../controller.h"
 #include "../fusion_buffer.h"
+#include "../mapped_buffer.h"
 #include "../message.h"
 #include "../tensor_queue.h"
 
@@ -112,6 +118,43 @@ static void TestFusionLayout() {
   CHECK(p != nullptr && reinterpret_cast<uintptr_t>(p) % 64 == 0 && buf.capacity() >= 100);
   CHECK(buf.Get(50) == p);  // no reallocation when it fits
   CHECK(buf.Get(1000) != nullptr && buf.capacity() >= 1000);
+}
+
+// Whether the page holding `p` is mapped in this process.
+static bool Mapped(const void* p) {
+  uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  unsigned char resident;
+  return mincore(reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) & ~(page - 1)),
+                 size_t(page), &resident) == 0;
+}
+
+// A buffer that lives as long as a world goes back to the OS with it
+// (mapped_buffer.h, issue 40). Freeing a large block raises glibc's mmap
+// threshold, as happens early in any long-lived process; after that, a
+// malloc'd buffer of the size would come from the heap and stay mapped once
+// freed (and under ASan it stays mapped in the quarantine).
+static void TestWorldBuffersGoBackToTheOs() {
+  void* volatile big = std::malloc(8u << 20);
+  std::free(big);
+  const size_t mb = 1u << 20;
+  void* p = nullptr;
+  {
+    FusionBuffer buf;
+    p = buf.Get(int64_t(mb));
+    CHECK(p != nullptr && Mapped(p));
+    std::memset(p, 1, mb);
+  }
+  CHECK(!Mapped(p));
+
+  MappedBuffer a(300u << 10);
+  char* d = a.data();
+  CHECK(d != nullptr && a.size() == (300u << 10) && d[0] == 0 && Mapped(d));
+  a.Reserve(100);
+  CHECK(a.data() == d);  // no new mapping when it fits
+  MappedBuffer b = std::move(a);
+  CHECK(b.data() == d && a.data() == nullptr && a.empty());
+  b = MappedBuffer();
+  CHECK(b.empty() && !Mapped(d));
 }
 
 static void TestReadinessAndOrder() {
@@ -472,6 +515,7 @@ static void TestReadyEvents() {
 int main() {
   TestSerialization();
   TestFusionLayout();
+  TestWorldBuffersGoBackToTheOs();
   TestReadinessAndOrder();
   TestMismatches();
   TestBroadcastRootIsJobWide();

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../mapped_buffer.h"
 #include "../../status.h"
 #include "../communicator.h"
 #include "handshake.h"
@@ -139,7 +140,8 @@ struct Conn {
   // than partly through the staging buffer.
   bool large_frames = false;
   bool notice = false;                  // the frame in progress is an ABORT notice
-  std::vector<char> staging;
+  // Lives as long as the world: mapped, so a reset unmaps it (mapped_buffer.h).
+  MappedBuffer staging;
   size_t spos = 0, slen = 0;
   std::unordered_map<Key, std::deque<TcpRequest*>, KeyHash> posted;
   std::unordered_map<Key, std::deque<std::shared_ptr<Unexpected>>, KeyHash> unexpected;
@@ -178,7 +180,7 @@ class World {
     Conn& c = conns_[size_t(peer)];
     c.sock = std::move(sock);
     c.fd = c.sock.fd();
-    c.staging.resize(kStagingBytes);
+    c.staging.Reserve(kStagingBytes);
     c.last_recv = c.last_send = Clock::now();
   }
   int listener_fd() const { return listener_->fd(); }
