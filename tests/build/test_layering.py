@@ -117,7 +117,7 @@ def test_the_check_finds_mpi_includes(tmp_path):
 # The floors of tf_ops/common (tests/ aside), from the bottom; a file
 # includes only files of its own floor or below:
 # 0. the seams: the types every layer shares (common, status, config,
-#    logging, reduction, the peer monitor), the interfaces the core drives
+#    logging, reduction, the peer monitor, mapped buffers), the interfaces the core drives
 #    (the DataPlane, the Executor over its fusion buffer, device events, the
 #    GPU hooks) and the one it starts (Backend);
 # 1. what implements them: the data planes (ops/) and the transports
@@ -131,7 +131,7 @@ SEAMS = {
     "common.h", "common.cc", "status.h", "config.h", "config.cc", "logging.h", "logging.cc",
     "reduction.h", "reduction.cc", "peer_monitor.h", "peer_monitor.cc", "device_event.h",
     "fusion_buffer.h", "fusion_buffer.cc", "executor.h", "executor.cc", "gpu_support.h",
-    "gpu_support.cc", "backend.h", "ops/data_plane.h"}
+    "gpu_support.cc", "backend.h", "mapped_buffer.h", "ops/data_plane.h"}
 MPI_ASSEMBLY = {"mpi/mpi_backend.h", "mpi/mpi_backend.cc", "mpi/mpi_controller.h",
                 "mpi/mpi_controller.cc", "mpi/mpi_init.cc"}
 FLOOR_NAMES = ["the seams", "the planes and transports", "the core", "the assembly room"]
