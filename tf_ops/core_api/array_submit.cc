@@ -116,6 +116,22 @@ AllocateFn NumpyAllocator(std::shared_ptr<PyRef> dtype, std::weak_ptr<PendingCal
   };
 }
 
+// The arguments both one-call paths share, with the name interned (or
+// copied into `scratch`, which must outlive the call).
+CallSpec OneCall(int32_t collective, py::handle name, bool intern, std::string* scratch,
+                 int32_t process_set_id, int32_t reduce_op, double prescale, double postscale,
+                 int32_t root_rank) {
+  CallSpec call;
+  call.collective = collective;
+  call.name = Names().Get(name.ptr(), intern, scratch);
+  call.process_set_id = process_set_id;
+  call.reduce_op = reduce_op;
+  call.prescale = prescale;
+  call.postscale = postscale;
+  call.root_rank = root_rank;
+  return call;
+}
+
 // The end of both one-call paths: checks the call, fills its one entry,
 // records a GPU input's ready event on `call.stream`, and enqueues, with the
 // GIL released. Returns the PendingCall, or the status tuple when the core
@@ -134,12 +150,7 @@ py::object EnqueueOne(const CallSpec& call, const TensorSpec& t, AllocateFn allo
       if (s.ok() && IsGpuDevice(call.device)) {
         s = RecordReadyEvent(call.device, reinterpret_cast<void*>(call.stream), &e.ready_event);
       }
-      if (!s.ok()) {
-        Abandon(call.process_set_id, e, s);
-      } else {
-        e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
-        s = Enqueue(call.process_set_id, std::move(e));
-      }
+      s = EnqueueFilled(call.process_set_id, std::move(e), s, req);
     }
   }
   if (!s.ok()) {
@@ -174,14 +185,8 @@ py::object SubmitArray(int32_t collective, py::handle x, py::handle name, bool i
     return py::none();
   }
   std::string scratch;
-  CallSpec call;
-  call.collective = collective;
-  call.name = Names().Get(name.ptr(), intern, &scratch);
-  call.process_set_id = process_set_id;
-  call.reduce_op = reduce_op;
-  call.prescale = prescale;
-  call.postscale = postscale;
-  call.root_rank = root_rank;
+  CallSpec call = OneCall(collective, name, intern, &scratch, process_set_id, reduce_op, prescale,
+                          postscale, root_rank);
   TensorSpec t;
   t.input = reinterpret_cast<uintptr_t>(in.data());
   t.shape.assign(in.shape(), in.shape() + in.ndim());
@@ -288,14 +293,8 @@ py::object SubmitDevice(int32_t collective, py::handle x, py::handle out, py::ob
     return py::none();  // which stream produced it is the general path's to find out
   }
   std::string scratch;
-  CallSpec call;
-  call.collective = collective;
-  call.name = Names().Get(name.ptr(), intern, &scratch);
-  call.process_set_id = process_set_id;
-  call.reduce_op = reduce_op;
-  call.prescale = prescale;
-  call.postscale = postscale;
-  call.root_rank = root_rank;
+  CallSpec call = OneCall(collective, name, intern, &scratch, process_set_id, reduce_op, prescale,
+                          postscale, root_rank);
   call.device = in.device;
   call.stream = in.stream;
   TensorSpec t;

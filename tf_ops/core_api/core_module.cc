@@ -92,6 +92,16 @@ Status FillEntry(const CallSpec& call, const TensorSpec& t, int i, int n,
   return Status::OK();
 }
 
+Status EnqueueFilled(int32_t process_set_id, TensorTableEntry e, const Status& filled,
+                     const std::shared_ptr<PendingCall>& req) {
+  if (!filled.ok()) {
+    Abandon(process_set_id, e, filled);
+    return filled;
+  }
+  e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
+  return Enqueue(process_set_id, std::move(e));
+}
+
 namespace {
 
 // Calls the Python allocator (allocator(index, shape) -> data pointer) on
@@ -151,14 +161,7 @@ std::shared_ptr<PendingCall> Submit(const CallSpec& call, const std::vector<Tens
     TensorTableEntry e;
     s = FillEntry(call, tensors[i], i, n, ready, alloc ? PythonAllocator(alloc, i) : AllocateFn(),
                   req, &e);
-    if (!s.ok()) {
-      // Enqueue abandons an entry whose arguments it rejects; one rejected
-      // here is abandoned alike, so the other ranks do not wait for it.
-      Abandon(call.process_set_id, e, s);
-    } else {
-      e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
-      s = Enqueue(call.process_set_id, std::move(e));
-    }
+    s = EnqueueFilled(call.process_set_id, std::move(e), s, req);
     if (!s.ok()) {
       req->SetSubmitStatus(s);
       req->Finish(s, -1, n - i);

@@ -187,6 +187,13 @@ Status FillEntry(const CallSpec& call, const TensorSpec& t, int i, int n,
                  const std::shared_ptr<DeviceEvent>& ready, AllocateFn allocate,
                  const std::shared_ptr<PendingCall>& req, TensorTableEntry* e);
 
+// Enqueues entry `e` of `req`, which FillEntry (and a ready event's record)
+// left with status `filled`, its callback finishing `req`. An entry refused
+// before the core saw it is abandoned, as Enqueue abandons one it rejects,
+// so that the set's other ranks do not wait for it. Returns the refusal.
+Status EnqueueFilled(int32_t process_set_id, TensorTableEntry e, const Status& filled,
+                     const std::shared_ptr<PendingCall>& req);
+
 }  // namespace tfring
 
 #endif  // TFRING_CORE_API_PENDING_CALL_H
