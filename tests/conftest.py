@@ -61,7 +61,3 @@ def controller(request):
     """Each controller (transport) in turn: "mpi", then "tcp"."""
     return request.param
 
-
-
-def pytest_collection_finish(session):  # DEBUG
-    open("/tmp/wt35_dbg.txt","a").write(f"finish {[i.nodeid for i in session.items][:2]}\n")
