@@ -53,6 +53,11 @@ import numpy as np
 import tfring.core as hvd
 hvd.init()
 hvd.init()  # idempotent
+# Every rank has made both init() calls before any rank shuts down: a rank
+# whose second init() came after a peer's shutdown() would find the job
+# stopped and start a new one (init() after a stop starts afresh), and
+# this script's later steps would pair up with the wrong init() calls.
+hvd.allreduce(np.ones(1, np.float32))
 hvd.shutdown()
 hvd.shutdown()  # idempotent
 try:
