@@ -106,12 +106,18 @@ def core_program_part(lo, hi, iters, rounds, out_dir):
 def _core_path_table(title, rows):
     """A markdown table of whole-core-path rows (bytes, mode, raw_us, core_us,
     core_algbw_gbs, ratio)."""
-    lines = [title, "", "| size | mode | raw NCCL | core | core algbw | core / raw |",
-             "|---|---|---|---|---|---|"]
+    # tfring.core's rows also say which share of the calls skipped
+    # negotiation (speculated) and which the submitting thread launched.
+    spec = any("speculated" in r for r in rows)
+    extra = " speculated | launched on submit |" if spec else ""
+    lines = [title, "", "| size | mode | raw NCCL | core | core algbw | core / raw |" + extra,
+             "|---|---|---|---|---|---|" + ("---|---|" if spec else "")]
     for r in rows:
+        cells = (f" {100 * r['speculated']:.0f}% | {100 * r['inline']:.0f}% |"
+                 if "speculated" in r else (" - | - |" if spec else ""))
         lines.append(f"| {r['bytes'] / (1 << 20):g} MB | {r['mode']} | {r['raw_us']:.1f} us | "
                      f"{r['core_us']:.1f} us | {r['core_algbw_gbs']:.0f} GB/s | "
-                     f"{100 * r['ratio']:.1f}% |")
+                     f"{100 * r['ratio']:.1f}% |" + cells)
     return "\n".join(lines)
 
 
@@ -130,7 +136,8 @@ def core_table(core_rows, raw_rows):
             continue
         r["ratio"] = base["raw_us"] / r["us"]
         matched.append(dict(bytes=r["bytes"], mode=r["mode"], raw_us=base["raw_us"],
-                            core_us=r["us"], core_algbw_gbs=r["algbw_gbs"], ratio=r["ratio"]))
+                            core_us=r["us"], core_algbw_gbs=r["algbw_gbs"], ratio=r["ratio"],
+                            **{k: r[k] for k in ("speculated", "inline") if k in r}))
     return _core_path_table(
         "Whole core path (tfring.core, CuPy, np=1) vs raw NCCL (part 1), float32 sum", matched)
 

@@ -18,6 +18,13 @@ import cupy as cp
 import numpy as np
 
 import tfring.core as hvd
+from tfring.core import _module
+
+
+def speculation():
+    """The global set's speculation counters (responses run without a
+    negotiation round; `inline`: run by the submitting thread)."""
+    return dict(_module.load().speculation_stats())
 
 
 def median_time(fn, rounds):
@@ -55,9 +62,16 @@ def bench_nccl(min_mb, max_mb, iters, rounds):
         latency()  # warm-up: communicator, fusion buffer, events
         pipelined()
         for mode, fn in (("latency", latency), ("pipelined", pipelined)):
+            before = speculation()
             t = median_time(fn, rounds) / iters
+            after = speculation()
+            # Per call: how many skipped negotiation, and how many the
+            # submitting thread launched (issue 38's launch on submit).
+            calls = iters * rounds
             emit(part="core_nccl", bytes=mb << 20, mode=mode, op="sum", us=t * 1e6,
-                 algbw_gbs=(mb << 20) / t / 1e9)
+                 algbw_gbs=(mb << 20) / t / 1e9,
+                 speculated=(after["responses"] - before["responses"]) / calls,
+                 inline=(after["inline"] - before["inline"]) / calls)
         mb *= 2
 
 
