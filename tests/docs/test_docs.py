@@ -89,8 +89,10 @@ def test_there_are_runnable_blocks_in_every_guide():
 
 
 @pytest.mark.parametrize("page,script", runnable_blocks())
-def test_runnable_block_runs(page, script):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def test_runnable_block_runs(page, script, tmp_path):
+    # A block's own temporary files (mktemp) land in pytest's directory, which
+    # pytest removes, and not in /tmp for every run.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(tmp_path))
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     result = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
