@@ -73,6 +73,20 @@ def memory_summary(memory_kb, warmup_rounds=WARMUP_ROUNDS):
     return lines
 
 
+def step_lines(memory_kb, detail, warmup_rounds=WARMUP_ROUNDS, least_kb=512):
+    """With --memory-detail: each step of `least_kb` or more in a worker's
+    RSS after its warm-up, with what changed (tests/chaos/memory_detail.py)."""
+    lines = []
+    for wid, rows in sorted(detail.items(), key=lambda kv: int(kv[0])):
+        # rows[i] is the change into the worker's sample i + 1.
+        for i, (t, kb, what) in enumerate(rows):
+            if i + 1 > warmup_rounds and kb >= least_kb:
+                lines.append(f"  worker {wid} at {t:.0f} s: {kb:+d} KB: {json.dumps(what)}")
+    if lines:
+        lines.insert(0, f"steps of {least_kb} KB or more after warm-up, and what changed:")
+    return lines
+
+
 def summary(report, warmup_rounds=WARMUP_ROUNDS):
     rounds = report["rounds"]
     lines = [f"seed {report['seed']}, {report['hosts']} fake hosts, {len(rounds)} rounds, "
@@ -100,6 +114,8 @@ def summary(report, warmup_rounds=WARMUP_ROUNDS):
     lines.append(f"largest loss distance from the replay (relative): "
                  f"{max((r['loss_rtol'] for r in rounds), default=0):.2e}")
     lines.extend(memory_summary(report["memory_kb"], warmup_rounds))
+    if "memory_detail" in report:
+        lines.extend(step_lines(report["memory_kb"], report["memory_detail"], warmup_rounds))
     return "\n".join(lines)
 
 
@@ -112,12 +128,16 @@ def main():
                         help="seconds each worker sleeps between steps (CPU it takes)")
     parser.add_argument("--warmup-rounds", type=int, default=WARMUP_ROUNDS,
                         help="rounds a worker lives before its memory growth counts")
+    parser.add_argument("--memory-detail", action="store_true",
+                        help="record where each worker's memory is at each sample and "
+                             "print what changed in its large steps (costs the workers "
+                             "a few ms a step)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="tfring-chaos-") as workdir:
         run = chaos.ChaosRun(workdir, seed=args.seed, hosts=args.hosts, bound=180.0,
-                             step_sleep=args.step_sleep,
+                             step_sleep=args.step_sleep, memory_detail=args.memory_detail,
                              log=lambda line: print(time.strftime("%H:%M:%S"), line, flush=True))
         try:
             report = run.run(duration=args.duration)
@@ -128,6 +148,8 @@ def main():
                       "exit_code": None, "steps": run._progress().last_step() + 1,
                       "seconds": round(time.time() - started, 1), "final_weights_equal": None,
                       "memory_kb": run.memory, "failure": str(e)}
+            if args.memory_detail:
+                report["memory_detail"] = run.detail
     report["load_average_end"] = os.getloadavg()
     if args.out:
         with open(args.out, "w") as f:

@@ -47,6 +47,7 @@ sys.path.insert(0, TESTS)
 sys.path.insert(0, os.path.join(TESTS, "tensorflow"))
 
 import elastic_worker  # noqa: E402
+import memory_detail  # noqa: E402
 import netns_support  # noqa: E402
 from elastic_support import ElasticJob, leftovers, rank_lines, worker_pids  # noqa: E402
 
@@ -207,10 +208,13 @@ class ChaosRun:
         step_sleep: seconds each worker sleeps between steps (how much CPU
             the training takes).
         log: called with a line for each event (default: none).
+        memory_detail: also record, at each memory sample, where each
+            worker's memory is (tests/chaos/memory_detail.py) and what
+            changed since its last sample (the report's "memory_detail").
     """
 
     def __init__(self, workdir, seed, hosts=4, bound=120.0, rtol=1e-3, step_sleep=0.05,
-                 log=None):
+                 log=None, memory_detail=False):
         if hosts < 3:
             raise ValueError("a chaos run needs 3 or more fake hosts")
         self.workdir = str(workdir)
@@ -223,6 +227,9 @@ class ChaosRun:
         self.memory = {}        # worker id -> [(seconds since start, RSS kB)]
         self.t0 = None
         self.step_sleep = step_sleep
+        self.detail_dir = os.path.join(self.workdir, "memory") if memory_detail else None
+        self.detail = {}        # worker id -> [[t, RSS kB change, what changed]]
+        self._last_detail = {}  # worker id -> its last breakdown
 
     # -- the job ---------------------------------------------------------
     def _listing(self):
@@ -252,8 +259,18 @@ class ChaosRun:
         now = time.monotonic() - self.t0
         for wid, pid in worker_pids(self.job).items():
             rss = _rss_kb(pid)
-            if rss is not None:
-                self.memory.setdefault(wid, []).append((round(now, 1), rss))
+            if rss is None:
+                continue
+            self.memory.setdefault(wid, []).append((round(now, 1), rss))
+            if self.detail_dir:
+                now_detail = memory_detail.sample(pid, self.detail_dir)
+                before = self._last_detail.get(wid)
+                if before is not None:
+                    samples = self.memory[wid]
+                    self.detail.setdefault(wid, []).append(
+                        [round(now, 1), samples[-1][1] - samples[-2][1],
+                         memory_detail.explain(before, now_detail)])
+                self._last_detail[wid] = now_detail
 
     # -- the checks ------------------------------------------------------
     def _fail(self, what):
@@ -440,6 +457,8 @@ class ChaosRun:
         pids_file = os.path.join(self.workdir, "worker-pids")
         bin_dir = os.path.join(self.workdir, "bin")
         os.makedirs(bin_dir, exist_ok=True)
+        if self.detail_dir:
+            os.makedirs(self.detail_dir, exist_ok=True)
         from pathlib import Path
         code, output = None, ""
         with netns_support.FakeHosts(self.names) as hosts:
@@ -449,6 +468,7 @@ class ChaosRun:
                    "TFRING_HEARTBEAT_SECONDS": "1", "CHAOS_STOP_FILE": stop_file,
                    "CHAOS_PIDS_FILE": pids_file,
                    "CHAOS_STEP_SLEEP": str(self.step_sleep),
+                   **({memory_detail.ENV: self.detail_dir} if self.detail_dir else {}),
                    "PYTHONPATH": os.pathsep.join(filter(None, [
                        os.path.dirname(TESTS), os.environ.get("PYTHONPATH")]))}
             total = (duration or 0) + (rounds or 0) * self.bound + 600
@@ -485,6 +505,7 @@ class ChaosRun:
             "steps": p.last_step() + 1, "seconds": round(time.monotonic() - self.t0, 1),
             "final_ranks": len(p.finals), "final_weights_equal": len(set(p.finals.values())) == 1,
             "memory_kb": self.memory,
+            **({"memory_detail": self.detail} if self.detail_dir else {}),
             "left": {"processes": left,
                      "shm": sorted(_shm_segments(_worker_pids(pids_file))),
                      "netns": [n for n in names if n in netns],

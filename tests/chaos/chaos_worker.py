@@ -25,6 +25,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tensorflow"))
 import elastic_worker  # noqa: E402
+import memory_detail  # noqa: E402
 
 import tfring.tensorflow as hvd  # noqa: E402
 
@@ -50,6 +51,9 @@ def main():
     state = hvd.elastic.TensorFlowKerasState(model, opt, step=0)
 
     train_step = elastic_worker.make_train_step(model, opt)
+    # A breakdown of this worker's memory after each step, only when the
+    # run asks for it (benchmarks/chaos.py --memory-detail).
+    memory = memory_detail.recorder()
 
     @hvd.elastic.run
     def train(state):
@@ -73,6 +77,8 @@ def main():
             stop = float(hvd.allreduce(seen, op=hvd.Max, name="chaos.stop")[0]) > 0
             state.step += 1
             state.commit()
+            if memory is not None:
+                memory.record(s)
             if stop:
                 return
             time.sleep(sleep)

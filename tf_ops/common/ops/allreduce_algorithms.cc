@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "../logging.h"
+#include "../mapped_buffer.h"
 #include "../reduction.h"
 
 namespace tfring {
@@ -242,7 +243,12 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
   *out = LinkCosts();
   if (n == 1) return Status::OK();
   const int right = (r + 1) % n, left = (r + n - 1) % n;
-  std::vector<char> send(kLargeProbeBytes, 1), recv(kLargeProbeBytes, 0);
+  // Mapped, not malloc'ed: once glibc's mmap threshold has risen (any freed
+  // block over 1 MiB does that), two 1 MiB vectors come from this thread's
+  // arena, which keeps them resident after the world ends, and a reset that
+  // found that arena fragmented grew a worker by 1 MiB more (issue 40).
+  MappedBuffer send(kLargeProbeBytes), recv(kLargeProbeBytes);
+  std::memset(send.data(), 1, kLargeProbeBytes);
   // Each hop's seconds, sorted.
   auto hop = [&](int64_t bytes, int tag, int times, std::vector<double>* took) -> Status {
     took->clear();
