@@ -5,14 +5,14 @@ name for it to run. Names default to the TF op name, which is what a graph
 built the same way on every rank gives; in eager mode ops run one at a time,
 so the default name is enough there too.
 """
-import contextlib
-import re
-
 import tensorflow as tf
 
-from tfring.common import basics, loader, tf_errors
+from tfring.common import basics
 from tfring.common.compression import check_compression, predivide_plan
-from tfring.common.process_sets import global_process_set, registered_id
+from tfring.common.process_sets import global_process_set
+from tfring.tensorflow.op_calls import (as_tensor, check_dtype, collective,
+                                        default_name, normalize_name, ops, per_dtype,
+                                        set_id, typed_errors)
 
 # Reduce ops: the same numbering as Horovod (and as the reduce_op attribute).
 Average = 0
@@ -24,114 +24,6 @@ Product = 5
 
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
              Product: "Product"}
-
-SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
-                    tf.bfloat16, tf.float32, tf.float64, tf.bool)
-
-
-def _ops():
-    return loader.load()[0]
-
-
-def _let_collectives_run_concurrently():
-    """Lets tf.function run our collectives in any order, all at once.
-
-    The ops are stateful (so Grappler never merges or folds them), and
-    tf.function chains stateful ops without resource inputs in program order.
-    That would make every allreduce wait for the previous one to finish: a
-    negotiation round trip per tensor and no fusion. The coordinator already
-    gives every rank one order, so TF may run them concurrently: they go on
-    TF's list of stateful ops that must run but need no order. Barrier, join
-    and the in-place broadcast keep their order.
-    """
-    try:
-        from tensorflow.python.framework import auto_control_deps as acd
-        acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
-            acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset({
-                "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
-                "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodAlltoall",
-                "HorovodReducescatter", "HorovodGroupedReducescatter"}))
-    except (ImportError, AttributeError, TypeError) as exc:  # a TF without this hook
-        import warnings
-        warnings.warn(f"tfring: collectives inside tf.function will run one at a time ({exc})")
-
-
-_let_collectives_run_concurrently()
-
-
-def _normalize_name(name):
-    """Turns a tensor name into a valid op name."""
-    return re.sub("[^a-zA-Z0-9_]", "_", name)
-
-
-def _default_name(prefix, tensor, name):
-    if name is None and not tf.executing_eagerly():
-        return f"{prefix}_{_normalize_name(tensor.name)}"
-    return name
-
-
-def _collective(kind, *inputs, name=None, graph_name=None, **attrs):
-    """Runs the collective `kind` ("Allreduce", "GroupedAllgather", ...).
-
-    In graphs (tf.function, TF1) this is Horovod's op Horovod<kind>, keyed by
-    its node name `graph_name`, so graphs stay loadable by and from Horovod.
-    Eager execution drops op names, and TF's eager runtime keeps one kernel
-    per distinct set of attribute values for the life of the process: a key
-    passed as an attribute would cost a kernel (~35 KB) per distinct name. So
-    eager mode runs the twin TfringNamed<kind>, which takes the key as a
-    string input: `name`, else the Horovod op's name, as before.
-    """
-    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
-    if tf.executing_eagerly():
-        key = name if name is not None else f"Horovod{kind}"
-        with _typed_errors():
-            return getattr(_ops(), f"tfring_named_{snake}")(*inputs, tf.constant(key), **attrs)
-    return getattr(_ops(), f"horovod_{snake}")(*inputs, name=graph_name, **attrs)
-
-
-@contextlib.contextmanager
-def _typed_errors():
-    """Raises a failed eager op's error as tfring's type of it, with
-    ``.cause`` and ``.rank`` (tfring.common.tf_errors). In graphs TensorFlow
-    raises the error where the graph runs: tf_errors.failure_of reads the
-    same from it there."""
-    try:
-        yield
-    except tf.errors.OpError as e:
-        raise tf_errors.typed(e) from None
-
-
-def _check_dtype(tensor, what):
-    # tf.as_dtype: a Keras 3 variable's dtype is a string such as "float32".
-    dtype = tf.as_dtype(tensor.dtype).base_dtype
-    if dtype not in SUPPORTED_DTYPES:
-        supported = ", ".join(d.name for d in SUPPORTED_DTYPES)
-        raise tf.errors.InvalidArgumentError(
-            None, None,
-            f"tfring {what} does not support dtype {dtype.name}; supported: {supported}.")
-
-
-def _process_set_id(process_set):
-    return registered_id(process_set)
-
-
-def _per_dtype(tensors, what, name, prefix, run):
-    """Runs a grouped op once per dtype (the ops take one dtype) and returns
-    the outputs in input order. `run(tensors, group_name)` makes one op."""
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-    by_dtype = {}
-    for i, t in enumerate(tensors):
-        _check_dtype(t, what)
-        by_dtype.setdefault(t.dtype, []).append(i)
-    results = [None] * len(tensors)
-    for dtype, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
-        group_name = name if name is None or len(by_dtype) == 1 else f"{name}_{dtype.name}"
-        if group_name is None and not tf.executing_eagerly():
-            group_name = f"{prefix}_{_normalize_name(tensors[idx[0]].name)}"
-        for i, out in zip(idx, run([tensors[i] for i in idx], group_name)):
-            results[i] = out
-    return results
-
 
 def _check_reduce_op(op, prescale_factor, postscale_factor, what):
     if op == Adasum and what.endswith("reducescatter"):
@@ -169,16 +61,16 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
                ignore_name_scope=False, process_set=global_process_set):
     """Raw allreduce of one dense tensor; averaging and scaling happen in the core."""
     basics._require_init()
-    tensor = tf.convert_to_tensor(tensor)
-    _check_dtype(tensor, "allreduce")
+    tensor = as_tensor(tensor)
+    check_dtype(tensor, "allreduce")
     _check_reduce_op(op, prescale_factor, postscale_factor, "allreduce")
     if op == Adasum:
         _check_adasum([tensor], process_set)
-    return _collective(
+    return collective(
         "Allreduce", tensor, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-        process_set_id=_process_set_id(process_set), name=name,
-        graph_name=_default_name("HorovodAllreduce", tensor, name))
+        process_set_id=set_id(process_set), name=name,
+        graph_name=default_name("HorovodAllreduce", tensor, name))
 
 
 def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
@@ -188,12 +80,12 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_allreduce")
     if op == Adasum:
         _check_adasum([tf.convert_to_tensor(t) for t in tensors], process_set)
-    return _per_dtype(tensors, "grouped_allreduce", name, "HorovodGroupedAllreduce",
-                      lambda group, group_name: _collective(
+    return per_dtype(tensors, "grouped_allreduce", name, "HorovodGroupedAllreduce",
+                      lambda group, group_name: collective(
                           "GroupedAllreduce", group, reduce_op=op,
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                           ignore_name_scope=ignore_name_scope,
-                          process_set_id=_process_set_id(process_set),
+                          process_set_id=set_id(process_set),
                           name=group_name, graph_name=group_name))
 
 
@@ -285,10 +177,10 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         if op == Average:
             # The size as an op, read when the step runs: a tf.function
             # traced at one size runs on after an elastic reset to another.
-            size = size_op(process_set_id=_process_set_id(process_set))
+            size = size_op(process_set_id=set_id(process_set))
             values = values / tf.cast(size, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
-    tensor = tf.convert_to_tensor(tensor)
+    tensor = as_tensor(tensor)
     tensors, op, prescale_factor = _predivide([tensor], compression, op, prescale_factor,
                                               process_set)
     compressed, ctx = compression.compress(tensors[0])
@@ -352,20 +244,20 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
         >>> rows = hvd.allgather(tf.fill([hvd.rank() + 1, 2], hvd.rank()))
     """
     basics._require_init()
-    tensor = tf.convert_to_tensor(tensor)
-    _check_dtype(tensor, "allgather")
-    return _collective("Allgather", tensor, ignore_name_scope=ignore_name_scope,
-                       process_set_id=_process_set_id(process_set), name=name,
-                       graph_name=_default_name("HorovodAllgather", tensor, name))
+    tensor = as_tensor(tensor)
+    check_dtype(tensor, "allgather")
+    return collective("Allgather", tensor, ignore_name_scope=ignore_name_scope,
+                       process_set_id=set_id(process_set), name=name,
+                       graph_name=default_name("HorovodAllgather", tensor, name))
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Allgathers a list of tensors (one request per dtype). Returns a list."""
     basics._require_init()
-    return _per_dtype(tensors, "grouped_allgather", name, "HorovodGroupedAllgather",
-                      lambda group, group_name: _collective(
+    return per_dtype(tensors, "grouped_allgather", name, "HorovodGroupedAllgather",
+                      lambda group, group_name: collective(
                           "GroupedAllgather", group, ignore_name_scope=ignore_name_scope,
-                          process_set_id=_process_set_id(process_set),
+                          process_set_id=set_id(process_set),
                           name=group_name, graph_name=group_name))
 
 
@@ -397,12 +289,12 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         ...     w = hvd.broadcast(w, root_rank=2, process_set=pair)  # global rank 2's
     """
     basics._require_init()
-    tensor = tf.convert_to_tensor(tensor)
-    _check_dtype(tensor, "broadcast")
-    return _collective("Broadcast", tensor, root_rank=root_rank,
+    tensor = as_tensor(tensor)
+    check_dtype(tensor, "broadcast")
+    return collective("Broadcast", tensor, root_rank=root_rank,
                        ignore_name_scope=ignore_name_scope,
-                       process_set_id=_process_set_id(process_set), name=name,
-                       graph_name=_default_name("HorovodBroadcast", tensor, name))
+                       process_set_id=set_id(process_set), name=name,
+                       graph_name=default_name("HorovodBroadcast", tensor, name))
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
@@ -437,11 +329,11 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
     variables = list(variables)
     values = []
     for i, var in enumerate(variables):
-        _check_dtype(var, "broadcast_")
+        check_dtype(var, "broadcast_")
         op_name = name
         if op_name is None:
             op_name = f"HorovodBroadcastInplace_{i}" if tf.executing_eagerly() else \
-                "HorovodBroadcastInplace_" + _normalize_name(var.name)
+                "HorovodBroadcastInplace_" + normalize_name(var.name)
         elif len(variables) > 1:
             op_name = f"{name}_{i}"
         if not hasattr(var, "handle"):
@@ -450,10 +342,10 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set,
                 var, broadcast(var, root_rank, name=op_name, ignore_name_scope=ignore_name_scope,
                                process_set=process_set))))
             continue
-        op = _collective(
+        op = collective(
             "BroadcastInplaceResource", var.handle, T=tf.as_dtype(var.dtype).base_dtype,
             root_rank=root_rank, ignore_name_scope=ignore_name_scope,
-            process_set_id=_process_set_id(process_set), name=op_name, graph_name=op_name)
+            process_set_id=set_id(process_set), name=op_name, graph_name=op_name)
         # A graph needs the read ordered after the broadcast; eagerly it already is.
         with tf.control_dependencies([op] if op is not None else []):
             values.append(tf.identity(var))
@@ -485,13 +377,13 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         >>> out, received = hvd.alltoall(tf.range(4), splits=[1, 3])
     """
     basics._require_init()
-    tensor = tf.convert_to_tensor(tensor)
-    _check_dtype(tensor, "alltoall")
+    tensor = as_tensor(tensor)
+    check_dtype(tensor, "alltoall")
     splits_t = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
-    out, received = _collective(
+    out, received = collective(
         "Alltoall", tensor, splits_t, ignore_name_scope=ignore_name_scope,
-        process_set_id=_process_set_id(process_set), name=name,
-        graph_name=_default_name("HorovodAlltoall", tensor, name))
+        process_set_id=set_id(process_set), name=name,
+        graph_name=default_name("HorovodAlltoall", tensor, name))
     return out if splits is None else (out, received)
 
 
@@ -534,16 +426,16 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     compression = check_compression(compression, "reducescatter")
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "reducescatter")
-    tensor = tf.convert_to_tensor(tensor)
+    tensor = as_tensor(tensor)
     scaled, op, prescale_factor = _predivide([tensor], compression, op, prescale_factor,
                                              process_set)
     compressed, ctx = compression.compress(scaled[0])
-    _check_dtype(compressed, "reducescatter")
-    out = _collective(
+    check_dtype(compressed, "reducescatter")
+    out = collective(
         "Reducescatter", compressed, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-        process_set_id=_process_set_id(process_set), name=name,
-        graph_name=_default_name("HorovodReducescatter", tensor, name))
+        process_set_id=set_id(process_set), name=name,
+        graph_name=default_name("HorovodReducescatter", tensor, name))
     return compression.decompress(out, ctx)
 
 
@@ -561,12 +453,12 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
     """
     basics._require_init()
     _check_reduce_op(op, prescale_factor, postscale_factor, "grouped_reducescatter")
-    return _per_dtype(tensors, "grouped_reducescatter", name, "HorovodGroupedReducescatter",
-                      lambda group, group_name: _collective(
+    return per_dtype(tensors, "grouped_reducescatter", name, "HorovodGroupedReducescatter",
+                      lambda group, group_name: collective(
                           "GroupedReducescatter", group, reduce_op=op,
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                           ignore_name_scope=ignore_name_scope,
-                          process_set_id=_process_set_id(process_set),
+                          process_set_id=set_id(process_set),
                           name=group_name, graph_name=group_name))
 
 
@@ -583,9 +475,9 @@ def join(process_set=global_process_set):
     """
     basics._require_init()
     if not tf.executing_eagerly():
-        return _ops().horovod_join(process_set_id=_process_set_id(process_set))
-    with _typed_errors():
-        return int(_ops().horovod_join(process_set_id=_process_set_id(process_set)).numpy())
+        return ops().horovod_join(process_set_id=set_id(process_set))
+    with typed_errors():
+        return int(ops().horovod_join(process_set_id=set_id(process_set)).numpy())
 
 
 def barrier(process_set=global_process_set, name=None):
@@ -595,30 +487,30 @@ def barrier(process_set=global_process_set, name=None):
         >>> hvd.barrier()
     """
     basics._require_init()
-    return _collective("Barrier", process_set_id=_process_set_id(process_set), name=name,
+    return collective("Barrier", process_set_id=set_id(process_set), name=name,
                        graph_name=name)
 
 
 def size_op(process_set_id=0, name=None):
     """Graph op returning the number of ranks in the process set."""
-    return _ops().horovod_size(process_set_id=process_set_id, name=name)
+    return ops().horovod_size(process_set_id=process_set_id, name=name)
 
 
 def rank_op(process_set_id=0, name=None):
     """Graph op returning this process's rank in the process set."""
-    return _ops().horovod_rank(process_set_id=process_set_id, name=name)
+    return ops().horovod_rank(process_set_id=process_set_id, name=name)
 
 
 def local_size_op(name=None):
     """Graph op returning the number of ranks on this host."""
-    return _ops().horovod_local_size(name=name)
+    return ops().horovod_local_size(name=name)
 
 
 def local_rank_op(name=None):
     """Graph op returning this process's rank on its host."""
-    return _ops().horovod_local_rank(name=name)
+    return ops().horovod_local_rank(name=name)
 
 
 def process_set_included_op(process_set_id=0, name=None):
     """Graph op returning 1 if this process is in the process set, else 0."""
-    return _ops().horovod_process_set_included(process_set_id=process_set_id, name=name)
+    return ops().horovod_process_set_included(process_set_id=process_set_id, name=name)

@@ -313,6 +313,20 @@ def test_barrier_and_named_collectives(rank, size):
     assert results == {"first": sum(range(size)), "second": sum(range(size))}
 
 
+def test_eager_names_past_the_key_table_still_key_their_collectives(rank, size, monkeypatch):
+    # Eager collectives keep one key tensor per name (op_calls._eager_key);
+    # a script that makes names without end only refills the table.
+    from tfring.tensorflow import op_calls
+    monkeypatch.setattr(op_calls, "_EAGER_KEYS_MAX", 3)
+    op_calls._EAGER_KEYS.clear()
+    for i in range(7):
+        got = hvd.allreduce(tf.constant([float(rank + i)]), name=f"named.{i}", op=hvd.Sum)
+        assert got.numpy()[0] == sum(range(size)) + size * i
+        assert len(op_calls._EAGER_KEYS) <= 3
+    assert op_calls._eager_key("named.6") is op_calls._eager_key("named.6")
+    op_calls._EAGER_KEYS.clear()
+
+
 def test_join_counts_joined_ranks_as_zeros(rank, size):
     # Rank r runs r + 1 steps, then joins: step i sums over ranks still working.
     for i in range(rank + 1):
