@@ -70,7 +70,10 @@ def main():
     if args.address:
         ray.init(address=args.address)
     else:
-        ray.init(num_cpus=args.num_workers, include_dashboard=False)
+        # A Ray of its own on this machine ("local"), even where another
+        # runs already: a bare ray.init() would join that one, which refuses
+        # num_cpus.
+        ray.init(address="local", num_cpus=args.num_workers, include_dashboard=False)
     executor = RayExecutor(num_workers=args.num_workers, cpus_per_worker=1)
     executor.start()
     try:

@@ -67,7 +67,11 @@ def main():
     if args.address:
         ray.init(address=args.address)
     else:
-        ray.init(num_cpus=args.num_workers + 1, include_dashboard=False, log_to_driver=False)
+        # A Ray of its own on this machine ("local"), even where another
+        # runs already: a bare ray.init() would join that one, which refuses
+        # num_cpus.
+        ray.init(address="local", num_cpus=args.num_workers + 1, include_dashboard=False,
+                 log_to_driver=False)
     try:
         digits = load_digits()
         x = (digits.data / 16.0).astype(np.float32)

@@ -47,13 +47,13 @@ def monkeypatch_module():
         yield mp
 
 
-def _launch(np_, program, *args):
+def _launch(np_, program, *args, env=None):
     """The program on `np_` ranks under tfringrun --tcp."""
     return subprocess.run(
         [sys.executable, "-m", "tfring.runner.launch", "-np", str(np_), "--tcp", "--timeout",
          "120", program, *args],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=ROOT))
+        env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
 
 
 def test_core_path_program_runs_every_size_and_mode(program):
@@ -78,7 +78,13 @@ def test_core_path_program_needs_one_rank(program):
 def test_cached_allreduces_allocate_nothing(alloc_program, np_):
     # 10,000 allreduces of one name after 1,000 of warm-up: the count covers
     # every thread of the process, the core's and the transport's.
-    run = _launch(np_, alloc_program, "10000", "1000", "4096")
+    # The TCP world's heartbeat is a frame per half period of silence on a
+    # connection (the shared-memory plane carries these collectives, so the
+    # connections are silent): work per second, not per collective. Under
+    # load the 10,000 calls outlast a 1 s heartbeat's half period, and its
+    # frames were counted; a heartbeat longer than the run leaves them out.
+    run = _launch(np_, alloc_program, "10000", "1000", "4096",
+                  env={"TFRING_HEARTBEAT_SECONDS": "120"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line[line.index("{"):]) for line in run.stdout.splitlines() if "{" in line]
     assert sorted(r["rank"] for r in rows) == list(range(np_))

@@ -61,17 +61,17 @@ bool PeerMonitor::ProcessAlive(int pid) {
 
 void PeerMonitor::set_on_death(std::function<void(int rank)> listener) {
   std::lock_guard<std::mutex> lock(mu_);
-  on_death_ = std::move(listener);
+  on_death_ = std::make_shared<const std::function<void(int)>>(std::move(listener));
 }
 
 void PeerMonitor::set_transport_probe(std::function<Status()> probe) {
   std::lock_guard<std::mutex> lock(mu_);
-  transport_probe_ = std::move(probe);
+  transport_probe_ = std::make_shared<const std::function<Status()>>(std::move(probe));
 }
 
 Status PeerMonitor::Check() {
-  std::function<void(int)> tell;
-  std::function<Status()> probe;
+  std::shared_ptr<const std::function<void(int)>> tell;
+  std::shared_ptr<const std::function<Status()>> probe;
   int dead = -1;
   Status result;
   {
@@ -95,10 +95,10 @@ Status PeerMonitor::Check() {
     result = failed_;
     if (dead < 0) probe = transport_probe_;
   }
-  if (dead >= 0 && tell) tell(dead);
+  if (dead >= 0 && tell && *tell) (*tell)(dead);
   // Outside the lock: the transport takes its own.
-  if (probe) {
-    Status s = probe();
+  if (probe && *probe) {
+    Status s = (*probe)();
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       if (failed_.ok()) failed_ = s;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -65,8 +66,11 @@ class PeerMonitor {
   std::chrono::steady_clock::time_point last_check_;
   std::mutex mu_;
   Status failed_;
-  std::function<void(int)> on_death_;
-  std::function<Status()> transport_probe_;
+  // Shared, so that Check() takes them out of the lock by a reference
+  // count: copying a std::function whose lambda holds a weak_ptr allocated,
+  // on every check of a slow wait (issue 38's allocation count under load).
+  std::shared_ptr<const std::function<void(int)>> on_death_;
+  std::shared_ptr<const std::function<Status()>> transport_probe_;
   bool outnumbered_ = false;
 };
 
