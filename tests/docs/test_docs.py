@@ -18,8 +18,10 @@ A plain ``bash`` block fails the suite: nobody would know whether it works.
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -89,14 +91,19 @@ def test_there_are_runnable_blocks_in_every_guide():
 
 
 @pytest.mark.parametrize("page,script", runnable_blocks())
-def test_runnable_block_runs(page, script, tmp_path):
-    # A block's own temporary files (mktemp) land in pytest's directory, which
-    # pytest removes, and not in /tmp for every run.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(tmp_path))
+def test_runnable_block_runs(page, script):
+    # A block's own temporary files (mktemp, Ray's session) land in a directory
+    # of its own that the test removes. Short, and not pytest's tmp_path: Ray
+    # puts its socket paths under TMPDIR, and they must fit in 107 bytes.
+    tmpdir = tempfile.mkdtemp(prefix="tfdoc-", dir="/tmp")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=tmpdir)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    result = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=BLOCK_TIMEOUT)
+    try:
+        result = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, timeout=BLOCK_TIMEOUT)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
     assert result.returncode == 0, (
         f"a runnable block of {page} failed (exit {result.returncode}):\n{script}\n"
         f"--- output ---\n{result.stdout[-6000:]}")
