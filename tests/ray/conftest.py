@@ -33,6 +33,10 @@ def ray_cluster():
     # 60 s. On one machine a placement group whose resources exist is ready
     # within a second. Ray hands the variable on to its controller.
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "8")
+    # Ray Train's controller looks at its workers this often (default 2 s):
+    # a fit ends, and a dead worker is seen, at the next look. A test's
+    # groups are small, and a look costs a few actor calls.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     # Ray's files (sessions, sockets, and ray_current_cluster, the address
     # that a plain ray.init() on this machine connects to) in a directory of
     # this session's: a Ray job that another worker runs (the docs' Ray
