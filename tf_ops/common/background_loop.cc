@@ -6,12 +6,9 @@
 #include <condition_variable>
 #include <mutex>
 #include <pthread.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
-#include <thread>
 #include <vector>
 
+#include "device_watchdog.h"
 #include "execution.h"
 #include "global_state.h"
 #include "gpu_support.h"
@@ -34,29 +31,21 @@ constexpr std::chrono::microseconds kInStepRound{500};
 // A submitting thread runs a speculated response itself only this soon
 // after the last one ran in step (DriveInline).
 constexpr std::chrono::microseconds kInlineGap{500};
-// How soon the loop looks again at collectives a device is running, once it
-// has polled them back to back kInFlightSpins times: a GPU collective of a
-// few MB ends within tens of microseconds, and sleeping the full poll period
-// after each one cost as much as the collective itself.
-constexpr std::chrono::microseconds kInFlightPoll{100};
-constexpr int kInFlightSpins = 200;
-// ... and, however many polls that took, for this long since the device work
-// began: a 256 MB allreduce takes ~200 us on one GPU, and a poll period cut
-// into it cost up to half as much again.
-constexpr std::chrono::microseconds kInFlightSpinTime{2000};
-// How long the loop watches for a new submission before it sleeps, once
-// device work has just ended: the caller that waited for it usually submits
-// again within microseconds, and a sleep and wake-up of this thread cost
-// more than a GPU allreduce of a few MB. Device jobs only: a host job's
-// ranks need their cores for the framework's threads.
-constexpr std::chrono::microseconds kAfterDeviceWork{200};
 
 // The loop's wake-up: a submission wakes the background thread at once.
 struct Wakeup {
   std::mutex mu;
   std::condition_variable cv;
-  // Atomic so that a loop spinning for new work can watch it without the lock.
-  std::atomic<bool> wake{false};
+  bool wake = false;
+};
+
+// A failure the device watchdog found (a dead peer under device work): the
+// loop stops with it at its next cycle. Its own lock, so that the watchdog
+// never waits for a cycle that may itself be waiting for the dead peer.
+struct DeviceStop {
+  std::mutex mu;
+  std::atomic<bool> requested{false};
+  Status why;
 };
 
 // Who drives the controllers and data planes: one thread at a time, the
@@ -85,6 +74,10 @@ Driving& driving() {
   static Driving* d = new Driving();
   return *d;
 }
+DeviceStop& device_stop() {
+  static DeviceStop* s = new DeviceStop();
+  return *s;
+}
 
 // The process sets as of now, in a buffer this thread reuses (Reused): a
 // fresh vector per look cost allocations per collective (issue 38).
@@ -107,6 +100,17 @@ void WakeBackground() {
     w.wake = true;
   }
   w.cv.notify_one();
+}
+
+void StopForDeviceFailure(const Status& why) {
+  DeviceStop& d = device_stop();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.requested) return;
+    d.why = why;
+    d.requested = true;
+  }
+  WakeBackground();
 }
 
 namespace {
@@ -154,8 +158,6 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
   for (const auto& ps : SetsNow()) {
     // A set removed earlier in this round is gone on every rank alike.
     if (!ps->included() || !st.process_sets.Get(ps->id)) continue;
-    // Collectives the device has finished since the last look complete first.
-    *executed += ps->in_flight.Poll();
     // Reused from round to round (their vectors keep their capacity):
     // RunLoopOnce never runs inside itself (t_driving), and one thread at a
     // time drives (driving().mu).
@@ -220,7 +222,6 @@ bool RunLoopOnce(Status* why, bool* broken, int* executed, Clock::duration* nego
       if (ps->id == kGlobalProcessSetId) *negotiation += waited;
     }
     *executed += static_cast<int>(responses.responses.size());
-    *executed += ps->in_flight.Poll();
     if (ps->id == kGlobalProcessSetId) {
       if (st.tuner) {
         st.tuner->RecordCycle(ReducedBytes(responses), std::chrono::steady_clock::now());
@@ -306,30 +307,13 @@ void CheckForStalls(std::chrono::steady_clock::time_point* last_warning) {
   if (warn_due) *last_warning = std::chrono::steady_clock::now();
 }
 
-// True while this rank has collectives submitted and not yet completed.
+// True while this rank has collectives submitted and not yet started (or
+// agreed by the cache and not yet run). Collectives a device is running are
+// the watchdog's (device_watchdog.h): their completion needs no cycle.
 bool HasPendingWork() {
   for (const auto& ps : SetsNow()) {
     if (!ps->included()) continue;
-    if (ps->queue.size() > 0 || ps->controller->HasPendingHits() || !ps->in_flight.empty())
-      return true;
-  }
-  return false;
-}
-
-// True while a device is still running collectives this rank started, or
-// still writing the input of one it submitted (its ready event): either may
-// end any moment, so the loop polls rather than waiting a cycle.
-bool HasInFlight() {
-  for (const auto& ps : SetsNow()) {
-    if (ps->included() && (!ps->in_flight.empty() || ps->queue.HasUnannounced())) return true;
-  }
-  return false;
-}
-
-// True while a device is still running collectives this rank started.
-bool HasDeviceWork() {
-  for (const auto& ps : SetsNow()) {
-    if (ps->included() && !ps->in_flight.empty()) return true;
+    if (ps->queue.size() > 0 || ps->controller->HasPendingHits()) return true;
   }
   return false;
 }
@@ -347,11 +331,17 @@ void NoteCycle(int executed, Clock::duration negotiation) {
 
 bool DriveInline(ProcessSet& ps) {
   GlobalState& st = state();
-  if (t_driving || !st.config.speculation_inline || ps.id != kGlobalProcessSetId) return false;
+  // A completion the watchdog runs may submit: its thread must stay free to
+  // watch the device, so the background thread negotiates that one.
+  if (t_driving || !st.config.speculation_inline || ps.id != kGlobalProcessSetId ||
+      DeviceWatchdog::OnWatchdogThread()) {
+    return false;
+  }
   Driving& d = driving();
   std::unique_lock<std::mutex> drive(d.mu, std::try_to_lock);
   if (!drive.owns_lock()) return false;
-  if (!d.open || d.inline_stop || st.shutdown.requested || !ps.controller->speculating() ||
+  if (!d.open || d.inline_stop || device_stop().requested || st.shutdown.requested ||
+      !ps.controller->speculating() ||
       !d.ran_in_step || Clock::now() - d.last_ran > kInlineGap ||
       st.process_sets.Count() != 1) {
     return false;
@@ -379,13 +369,8 @@ bool DriveInline(ProcessSet& ps) {
   }
   // After a fallback the background thread negotiates what was held.
   const bool still = ps.controller->speculating();
-  // Device work launched here completes by the background thread's polling
-  // (InFlight), which must know there is some now. (This set is the only one:
-  // see above.)
-  const bool device_work = !ps.in_flight.empty();
   drive.unlock();
   RunDeferred(&*done);
-  if (device_work) WakeBackground();
   return ok && executed > 0 && still;
 }
 
@@ -407,15 +392,6 @@ void BackgroundLoop() {
         std::chrono::duration<double, std::milli>(st.cycle_time_ms.load()));
   };
   auto idle_wait = cycle_now();
-  int in_flight_spins = 0;
-  Clock::time_point in_flight_since{}, device_work_seen{};
-  // Set once this rank has run device work: from then on the loop's short
-  // waits must be short. A timed wait, even one whose timeout has already
-  // passed, sleeps until the kernel's timer slack runs out (50 us by
-  // default), which put 60 us between a GPU collective's launch and its next
-  // poll. Host-only jobs keep the default: there that pause between rounds
-  // leaves the cores to the framework's threads.
-  bool device_timing = false;
   auto last_stall_warning = Clock::now();
   Status why;
   bool broken = false;
@@ -432,6 +408,12 @@ void BackgroundLoop() {
     d.open = true;
     d.inline_stop = false;
   }
+  {
+    DeviceStop& ds = device_stop();
+    std::lock_guard<std::mutex> lock(ds.mu);
+    ds.requested = false;
+    ds.why = Status::OK();
+  }
   while (true) {
     int executed = 0;
     bool pending = false, pending_after = false, go_on = true;
@@ -441,10 +423,15 @@ void BackgroundLoop() {
       // The controllers are read and driven under driving().mu only.
       std::lock_guard<std::mutex> lock(d.mu);
       DeferCompletions defer(&*done);
-      go_on = !d.inline_stop;
-      if (!go_on) {
+      go_on = !d.inline_stop && !device_stop().requested;
+      if (d.inline_stop) {
         why = d.inline_why;
         broken = d.inline_broken;
+      } else if (!go_on) {
+        // A peer died under device work (the watchdog): communication broke.
+        std::lock_guard<std::mutex> stop(device_stop().mu);
+        why = device_stop().why;
+        broken = true;
       } else {
         pending = HasPendingWork();
         SetUrgentWaits(pending && in_step);
@@ -464,46 +451,19 @@ void BackgroundLoop() {
     in_step = pending && negotiation < kInStepRound;
     const Clock::duration cycle = cycle_now();
     const auto idle_cap = std::max<Clock::duration>(cycle, std::chrono::milliseconds(20));
+    // Collectives a device runs complete from the watchdog, and whatever a
+    // caller submits next wakes this thread: a cycle is only for what other
+    // ranks may not have submitted yet (or for an input whose producer the
+    // device cannot wait for).
     Clock::duration wait = cycle;
-    const auto now = Clock::now();
-    if (HasInFlight()) {
-      // A device may finish any moment: look again at once for a while, then
-      // soon, but never only at the next tick.
-      if (in_flight_spins == 0) in_flight_since = now;
-      const bool spin = in_flight_spins < kInFlightSpins || now - in_flight_since < kInFlightSpinTime;
-      wait = spin ? Clock::duration::zero() : std::min<Clock::duration>(cycle, kInFlightPoll);
-      ++in_flight_spins;
-      idle_wait = cycle;
-      if (HasDeviceWork()) {
-        device_work_seen = now;
-        if (!device_timing) {
-#ifdef __linux__
-          prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-#endif
-          device_timing = true;
-        }
-      }
-    } else if (executed == 0 && !pending_after) {
+    if (executed == 0 && !pending_after) {
       idle_wait = std::min<Clock::duration>(idle_wait * 2, idle_cap);
       wait = idle_wait;
     } else {
       idle_wait = cycle;
     }
-    if (!HasInFlight()) in_flight_spins = 0;
-    if (wait > Clock::duration::zero() && now - device_work_seen < kAfterDeviceWork) {
-      const auto until = std::min(now + wait, device_work_seen + kAfterDeviceWork);
-      while (!w.wake.load(std::memory_order_acquire) && Clock::now() < until)
-        std::this_thread::yield();
-    }
-    if (wait == Clock::duration::zero() && device_timing) {
-      // Straight on, without a timed wait (see device_timing). Clearing the
-      // flag first loses nothing: the next cycle reads the queue that a
-      // submitter filled before setting it.
-      w.wake.store(false, std::memory_order_release);
-      continue;
-    }
     std::unique_lock<std::mutex> lock(w.mu);
-    w.cv.wait_for(lock, wait, [&] { return w.wake.load(); });
+    w.cv.wait_for(lock, wait, [&] { return w.wake; });
     w.wake = false;
   }
   {
@@ -515,10 +475,13 @@ void BackgroundLoop() {
   // GPU planes' pending work so that the drain below sees it end.
   if (broken) AbortGpuWork(why.message());
   for (const auto& ps : st.process_sets.All()) {
-    // Outputs a device is still writing are handed back only once it is done.
-    ps->in_flight.Drain(kDrainSeconds, why);
+    // Outputs a device is still writing are handed back only once it is
+    // done: the watchdog completes them, or fails them at the deadline.
+    Watchdog().Drain(ps.get(), kDrainSeconds, why);
     ps->queue.FailAll(why);
   }
+  // The job's peers and hooks go with it (the next init arms it again).
+  Watchdog().Arm({});
   st.timeline.Stop();
   const bool can_restart = st.backend && st.backend->can_restart_after_failure();
   if (broken) {

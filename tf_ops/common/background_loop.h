@@ -17,6 +17,11 @@ namespace tfring {
 void BackgroundLoop();
 // Starts a cycle at once instead of at the next tick.
 void WakeBackground();
+// The device watchdog found a failure (a dead peer under device work): the
+// loop stops at its next cycle as if its own round had found it, failing
+// what is queued with `why` (its cause and rank). Any thread; never waits
+// for a cycle.
+void StopForDeviceFailure(const Status& why);
 // Asks every rank to stop (in the next negotiation round); `reason` is what
 // the other ranks' errors will say, `cause` (SHUTDOWN, or TIMEOUT for a
 // stall) what kind of failure they get, and `rank` the rank they name (this

@@ -1,9 +1,9 @@
-// Events the background thread polls instead of waiting on a device. A GPU
-// tensor is produced on a framework stream and reduced on a plane's stream;
-// the background thread must never block on either, because it also
-// negotiates and runs every other collective. So each point it has to wait
-// for is an event it queries once per cycle: a CUDA event in a GPU build,
-// nothing at all on the CPU (host memory is ready when it is handed over).
+// Events queried instead of waiting on a device. A GPU tensor is produced on
+// a framework stream and reduced on a plane's stream; no core thread blocks
+// on either: a device stream waits for an input's event (QueueWait), and the
+// device watchdog (device_watchdog.h) queries a collective's fence. A CUDA
+// event in a GPU build, nothing at all on the CPU (host memory is ready when
+// it is handed over).
 #ifndef TFRING_COMMON_DEVICE_EVENT_H
 #define TFRING_COMMON_DEVICE_EVENT_H
 
@@ -28,7 +28,7 @@ class DeviceEvent {
   virtual ~DeviceEvent() = default;
   // OK once the event has happened, InProgress while it has not, or the
   // device's error (which then fails the collectives waiting on it). Never
-  // blocks; called from the background thread only.
+  // blocks; called by one thread at a time (the watchdog, for a fence).
   virtual Status Query() = 0;
   // Whether QueueWait can make a device stream wait for this event. A
   // collective whose inputs have such events is negotiated at once, and the

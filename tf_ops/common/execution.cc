@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "device_watchdog.h"
 #include "global_state.h"
 #include "operations.h"
 
@@ -68,9 +69,10 @@ Status Route(ProcessSet& ps, CollectiveType type, int32_t device, int64_t bytes,
 namespace {
 
 // Completes `entries` with the run's verdict now, or once the device has
-// finished. `keep` (scratch outputs) lives until then; a failure of this
-// rank's own (`local`: its input never became ready, its output could not
-// be allocated) overrides a successful run.
+// finished (the watchdog completes them then, on its thread). `keep`
+// (scratch outputs) lives until then; a failure of this rank's own
+// (`local`: its input never became ready, its output could not be
+// allocated) overrides a successful run.
 void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, RunResult run,
                       Status local = Status::OK(), std::shared_ptr<void> keep = nullptr) {
   if (!run.status.in_progress()) {
@@ -79,7 +81,7 @@ void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, Run
     return;
   }
   auto held = std::make_shared<std::vector<TensorTableEntry>>(std::move(entries));
-  ps.in_flight.Add(std::move(run.pending), [held, local, keep](const Status& s) {
+  Watchdog().Watch(&ps, std::move(run.pending), [held, local, keep](const Status& s) {
     for (auto& e : *held) Complete(e, local.ok() ? s : local);
   });
 }
@@ -363,7 +365,7 @@ void PerformRemoveProcessSet(ProcessSet& global, const Response& r) {
   } else {
     const Status gone = Status::InvalidArgument(
         "tfring: process set " + std::to_string(id) + " was removed while this collective waited");
-    removed->in_flight.Drain(kDrainSeconds, gone);
+    Watchdog().Drain(removed.get(), kDrainSeconds, gone);
     removed->queue.FailAll(gone);
   }
   if (have) Complete(e, s);

@@ -1,7 +1,7 @@
 // Running negotiated responses on a process set: each Perform* issues every
 // data-plane call of a response before returning, so each plane sees the
 // same order on every rank; a device may finish later, and its tensors then
-// complete from the set's in-flight list (in_flight.h). Completions can be
+// complete from the device watchdog (device_watchdog.h). Completions can be
 // deferred until the driving thread lets go (DeferCompletions). Internal to
 // tf_ops/common: the background loop and speculation_run.cc call it.
 #ifndef TFRING_COMMON_EXECUTION_H

@@ -13,8 +13,8 @@
 // (in order, on one stream), and a data plane may return Status::InProgress
 // from a collective it has queued on that same stream. Each step is then
 // queued behind the previous one, and Fence() hands back one event for the
-// whole collective; the background thread polls it (in_flight.h) instead of
-// waiting. A CPU executor does everything at once and its Fence() is null.
+// whole collective; the device watchdog (device_watchdog.h) queries it instead
+// of anyone waiting. A CPU executor does everything at once and its Fence() is null.
 #ifndef TFRING_COMMON_EXECUTOR_H
 #define TFRING_COMMON_EXECUTOR_H
 

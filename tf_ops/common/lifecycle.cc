@@ -6,7 +6,9 @@
 #include <thread>
 
 #include "background_loop.h"
+#include "device_watchdog.h"
 #include "global_state.h"
+#include "gpu_support.h"
 #include "logging.h"
 #include "operations.h"
 #include "transport/registry.h"
@@ -83,7 +85,11 @@ Status Initialize(std::unique_ptr<Backend> backend, const Config& config) {
   std::vector<std::string> hosts;
   TFRING_RETURN_IF_ERROR(
       ComputeTopology(*bootstrap, st.config, &topo, &peers, &real_host, &hosts));
-  backend->set_peer_monitor(std::make_shared<PeerMonitor>(topo.rank, real_host, peers));
+  auto monitor = std::make_shared<PeerMonitor>(topo.rank, real_host, peers);
+  backend->set_peer_monitor(monitor);
+  // The device watchdog watches the same peers while device work runs, and
+  // stops the job (as the loop would) when one dies under it.
+  Watchdog().Arm({monitor, AbortGpuWork, StopForDeviceFailure});
   backend->set_hosts(hosts);
   auto global = std::make_shared<ProcessSet>();
   global->id = kGlobalProcessSetId;

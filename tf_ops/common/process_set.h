@@ -13,7 +13,6 @@
 #include "controller.h"
 #include "peer_monitor.h"
 #include "executor.h"
-#include "in_flight.h"
 #include "ops/data_plane.h"
 #include "tensor_queue.h"
 
@@ -27,7 +26,6 @@ struct ProcessSet {
   std::unique_ptr<Controller> controller;  // null when not a member
   std::unique_ptr<DataPlane> data_plane;   // null when not a member
   ExecutorTable executors;
-  InFlight in_flight;  // started collectives the device has not finished
   // Storage a round reuses, kept with the set rather than with a thread: a
   // set is driven by one thread at a time (background_loop.cc: driving), the background thread
   // or a submitting one (DriveInline), and per-thread storage grew again

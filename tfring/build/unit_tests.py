@@ -18,7 +18,7 @@ from tfring.build.library import source_root
 _NEGOTIATION_PIECES = [
     "controller.cc", "coordinator.cc", "validation.cc", "speculation.cc", "message.cc",
     "fusion_buffer.cc", "reduction.cc", "common.cc", "response_cache.cc", "timeline.cc",
-    "tensor_queue.cc", "executor.cc", "in_flight.cc", "ops/data_plane_selector.cc", "config.cc",
+    "tensor_queue.cc", "executor.cc", "ops/data_plane_selector.cc", "config.cc",
     "logging.cc", "ops/adasum.cc", "peer_monitor.cc"]
 _TCP_WIRE = ["transport/tcp/sha256.cc", "transport/tcp/wire.cc"]
 _TCP_WORLD = _TCP_WIRE + [
@@ -37,7 +37,8 @@ _GPU_PIPELINE = [
 UNIT_TEST_SOURCES = {
     "negotiation_test.cc": _NEGOTIATION_PIECES,
     "response_cache_test.cc": _NEGOTIATION_PIECES,
-    "execution_test.cc": ["executor.cc", "in_flight.cc", "ops/data_plane_selector.cc",
+    "execution_test.cc": ["executor.cc", "device_watchdog.cc", "peer_monitor.cc",
+                          "ops/data_plane_selector.cc",
                           "fusion_buffer.cc", "reduction.cc", "common.cc", "config.cc",
                           "logging.cc", "tensor_queue.cc", "message.cc"],
     "adasum_test.cc": ["ops/adasum.cc", "reduction.cc", "common.cc", "logging.cc"],
@@ -70,7 +71,7 @@ UNIT_TEST_SOURCES = {
     # The GPU pieces' logic over a fake NCCL/CUDA (NCCL_LOGIC_UNIT_TESTS).
     "nccl_communicators_test.cc": ["ops/nccl_communicators.cc", "reduction.cc", "common.cc"],
     "nccl_data_plane_test.cc": _GPU_PIPELINE,
-    "gpu_executor_test.cc": _GPU_PIPELINE,
+    "gpu_executor_test.cc": _GPU_PIPELINE + ["device_watchdog.cc", "peer_monitor.cc"],
     "hierarchical_gpu_data_plane_test.cc": _GPU_PIPELINE + ["ops/hierarchical_gpu_data_plane.cc"],
     "fuzz/fuzz_wire.cc": _TCP_WIRE + ["transport/tcp/topology.cc"],
     "fuzz/fuzz_peer_frame.cc": _TCP_WIRE + ["transport/tcp/peer_frame.cc"],

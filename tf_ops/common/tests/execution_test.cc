@@ -10,12 +10,14 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "../executor.h"
-#include "../in_flight.h"
+#include "../device_watchdog.h"
 #include "../ops/data_plane_selector.h"
 #include "../reduction.h"
 
@@ -298,9 +300,9 @@ class FakeStreamExecutor : public CpuExecutor {
   int polls_;
 };
 
-// A plane that returns InProgress: the collective completes only once the
-// polled event has happened, and the background thread's loop (InFlight)
-// never blocks on it.
+// A plane that returns InProgress: the collective completes only once its
+// fence has happened, and then from the device watchdog's thread, without
+// anyone polling for it (the background loop no longer does).
 static void TestAsyncCompletion() {
   FakeStreamExecutor gpu(3);
   FakePlane nccl("FAKE_GPU", true);
@@ -313,23 +315,55 @@ static void TestAsyncCompletion() {
   CHECK(oa[0] == 0 && ob[1] == 0);  // nothing has run yet
   CHECK(gpu.stream.empty());        // the fence took all the queued work
 
-  InFlight in_flight;
+  DeviceWatchdog watchdog;
+  int set_a = 0, set_b = 0;  // two process sets' work
+  std::mutex mu;             // completions run on the watchdog's thread
   std::vector<std::string> finished;
-  in_flight.Add(std::move(run.pending), [&finished](const Status& s) {
+  bool on_watchdog = true;
+  watchdog.Watch(&set_a, std::move(run.pending), [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    on_watchdog = on_watchdog && DeviceWatchdog::OnWatchdogThread();
     finished.push_back(s.ok() ? "first" : "first failed");
   });
   // A second collective started after the first, whose device work fails.
   struct Failing : DeviceEvent {
     Status Query() override { return Status::Aborted("device error"); }
   };
-  in_flight.Add(std::make_unique<Failing>(), [&finished](const Status& s) {
+  watchdog.Watch(&set_a, std::make_unique<Failing>(), [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
     finished.push_back("second: " + s.message());
   });
-  CHECK(in_flight.Poll() == 1 && in_flight.size() == 1);
-  CHECK((finished == std::vector<std::string>{"second: device error"}));
-  CHECK(in_flight.Poll() == 0 && in_flight.Poll() == 0 && oa[0] == 0);
-  CHECK(in_flight.Poll() == 1 && in_flight.empty());  // the 4th query sees it done
-  CHECK(gpu.queries == 4 && finished.back() == "first");
+  // Collectives the device finishes together complete in the order they
+  // were started.
+  const int kMany = 200;
+  for (int i = 0; i < kMany; ++i) {
+    gpu.stream.push_back([] {});
+    watchdog.Watch(&set_b, gpu.Fence(), [&, i](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      finished.push_back(s.ok() ? std::to_string(i) : "failed");
+    });
+  }
+  // Nobody polls: the watchdog's thread completes everything by itself.
+  const auto start = std::chrono::steady_clock::now();
+  while (watchdog.Busy() && std::chrono::steady_clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(!watchdog.Busy());
+  watchdog.Drain(&set_a, 5.0, Status::Aborted("not finished"));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(on_watchdog && !DeviceWatchdog::OnWatchdogThread());
+    CHECKF(finished.size() == 2 + kMany, "%zu finished", finished.size());
+    std::vector<std::string> set_a_order, set_b_order;
+    for (const auto& f : finished) {
+      (f == "first" || Contains(f, "second") ? set_a_order : set_b_order).push_back(f);
+    }
+    // The failing one finished at its first query, the first at its 4th.
+    CHECK((set_a_order == std::vector<std::string>{"second: device error", "first"}));
+    bool in_order = set_b_order.size() == static_cast<size_t>(kMany);
+    for (int i = 0; in_order && i < kMany; ++i) in_order = set_b_order[i] == std::to_string(i);
+    CHECK(in_order);
+  }
+  CHECK(gpu.queries == 4 + 4 * kMany);
   CHECK(oa[0] == 2 && oa[1] == 4 && ob[0] == 6 && ob[1] == 8);
 
   // A plane left running with an executor that cannot wait for it.
@@ -340,14 +374,21 @@ static void TestAsyncCompletion() {
                      Recorder(&phases));
   CHECK(!run.status.ok() && !run.status.in_progress() && Contains(run.status.message(), "no event"));
 
-  // Shutdown: what does not finish in time is completed with the reason.
+  // Shutdown: what does not finish in time is completed with the reason;
+  // another set's work is left alone.
   FakeStreamExecutor slow(1 << 30);
   slow.stream.push_back([] {});
-  InFlight stuck;
+  slow.stream.push_back([] {});
   Status got;
-  stuck.Add(slow.Fence(), [&got](const Status& s) { got = s; });
-  stuck.Drain(0.01, Status::Aborted("shut down"));
-  CHECK(stuck.empty() && got.code() == StatusCode::ABORTED && got.message() == "shut down");
+  watchdog.Watch(&set_a, slow.Fence(), [&got](const Status& s) { got = s; });
+  slow.stream.push_back([] {});
+  Status other;
+  watchdog.Watch(&set_b, slow.Fence(), [&other](const Status& s) { other = s; });
+  watchdog.Drain(&set_a, 0.01, Status::Aborted("shut down"));
+  CHECK(!watchdog.Busy(&set_a) && watchdog.Busy(&set_b));
+  CHECK(got.code() == StatusCode::ABORTED && got.message() == "shut down");
+  watchdog.Drain(&set_b, 0.01, Status::Aborted("shut down too"));
+  CHECK(!watchdog.Busy() && other.message() == "shut down too");
 }
 
 // A plane that reduces groups gets fused tensors of 4 MB or more on average

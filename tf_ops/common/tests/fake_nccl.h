@@ -43,7 +43,10 @@ class FakeApi : public NcclApi {
   NcclResult collective_result = NcclResult::kSuccess;
   std::deque<NcclResult> async_results;  // then kSuccess (or `async_forever`)
   bool async_forever_in_progress = false;
-  std::deque<EventState> event_states;   // then kDone
+  std::deque<EventState> event_states;   // then kDone (kPending: `events_never_happen`)
+  // Every event stays pending, as a collective's fence whose kernel waits
+  // for a dead peer: only an abort ends the wait (the fence then fails).
+  bool events_never_happen = false;
   int stream_wait_result = 0;            // what StreamWaitEvent returns
   int current_device = 0;
   int events_created = 0;
@@ -219,7 +222,7 @@ class FakeApi : public NcclApi {
   }
   EventState EventQuery(GpuEvent, int* error) override {
     *error = 0;
-    if (event_states.empty()) return EventState::kDone;
+    if (event_states.empty()) return events_never_happen ? EventState::kPending : EventState::kDone;
     EventState s = event_states.front();
     event_states.pop_front();
     if (s == EventState::kError) *error = 700;

@@ -1,15 +1,24 @@
 // Unit tests of the GPU executors (ops/gpu_executor.*) over a fake
 // NCCL/CUDA on host memory (fake_nccl.h): host staging through the
 // executor's pipeline, and the device executor's primitives (copy, scale,
-// finishing a reduction, zero) and its fence. Built and run by
+// finishing a reduction, zero) and its fence, and the device watchdog
+// failing a fence whose peer died. Built and run by
 // tests/common/test_nccl_cpp.py (ASan/UBSan) and by Bazel as
 // //tf_ops:gpu_executor_test.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "../device_watchdog.h"
 #include "../executor.h"
+#include "../peer_monitor.h"
 #include "../ops/data_plane.h"
 #include "../ops/gpu_executor.h"
 #include "check.h"
@@ -185,6 +194,77 @@ void TestHostExecutorPollsReadyEvents() {
   CHECK(!s.ok() && Contains(s.message(), "producing a collective's input"));
 }
 
+// A peer dies while this rank's collective runs on the device, whose NCCL
+// kernel would then wait forever: the watchdog (nobody polls for it) finds
+// the death through the peer monitor within 5 s, aborts the communicators
+// so that the fence ends, fails the collective with the typed status naming
+// the dead rank, and tells the job to stop with the same status.
+void TestWatchdogNamesADeadPeer() {
+  const pid_t peer = fork();
+  if (peer == 0) {
+    pause();  // rank 1, alive until killed
+    _exit(0);
+  }
+  CHECK(peer > 0);
+  GpuRig rig(2);
+  rig.api.events_never_happen = true;
+  std::vector<char> x = Floats({1, 2}), out(8);
+  RunResult run = RunAllreduce(*rig.executor, *rig.plane, {{x.data(), out.data(), 2}},
+                               DataType::FLOAT32, ReduceOp::SUM, 1.0, 1.0, 2,
+                               [](const std::string&, std::chrono::steady_clock::time_point) {});
+  CHECK(run.status.in_progress() && run.pending);
+
+  auto monitor = std::make_shared<PeerMonitor>(
+      0, "host", std::vector<PeerMonitor::Peer>{{0, getpid(), "host"}, {1, peer, "host"}}, 0.05);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  Status got, stopped;
+  DeviceWatchdog watchdog;
+  watchdog.Arm({monitor,
+                [&rig](const std::string& reason) {
+                  rig.abort->Request(reason);
+                  rig.comms.AbortAll();
+                },
+                [&](const Status& why) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  stopped = why;
+                }});
+  watchdog.Watch(&rig, std::move(run.pending), [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    got = s;
+    finished = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  // The peer lives: its collective is only slow, and nothing fails it.
+  CHECK(!cv.wait_for(lock, std::chrono::milliseconds(150), [&] { return finished; }));
+  CHECK(watchdog.Busy(&rig) && watchdog.failure().ok());
+  kill(peer, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  CHECK(cv.wait_for(lock, std::chrono::seconds(5), [&] { return finished; }));
+  CHECK(std::chrono::steady_clock::now() - killed < std::chrono::seconds(5));
+  CHECKF(got.code() == StatusCode::ABORTED && got.cause() == FailureCause::PEER_FAILURE &&
+             got.rank() == 1 && Contains(got.message(), "rank 1"),
+         "got: %s", got.message().c_str());
+  CHECK(stopped.cause() == FailureCause::PEER_FAILURE && stopped.rank() == 1);
+  CHECK(rig.api.Logged("CommAbort") && rig.abort->requested());
+  lock.unlock();
+  CHECK(!watchdog.Busy() && watchdog.failure().rank() == 1);
+  // Work handed over after the death (the abort still stands) fails with
+  // that death too, not with the abort.
+  run = RunAllreduce(*rig.executor, *rig.plane, {{x.data(), out.data(), 2}}, DataType::FLOAT32,
+                     ReduceOp::SUM, 1.0, 1.0, 2,
+                     [](const std::string&, std::chrono::steady_clock::time_point) {});
+  CHECK(run.status.in_progress() && run.pending);
+  Status later;
+  watchdog.Watch(&rig, std::move(run.pending), [&later](const Status& s) { later = s; });
+  watchdog.Drain(&rig, 5.0, Status::Aborted("drain timed out"));
+  CHECKF(later.cause() == FailureCause::PEER_FAILURE && later.rank() == 1, "later: %s",
+         later.message().c_str());
+  waitpid(peer, nullptr, 0);
+}
+
 }  // namespace
 
 int main() {
@@ -193,5 +273,6 @@ int main() {
   TestReadyEventsWaitOnTheDevice();
   TestOneWaitPerProducerStream();
   TestHostExecutorPollsReadyEvents();
+  TestWatchdogNamesADeadPeer();
   return CheckExitCode();
 }
