@@ -17,12 +17,15 @@ using Clock = std::chrono::steady_clock;
 
 thread_local bool t_watchdog = false;
 
-// While device work is in flight the watchdog looks again at once for this
-// long after the last collective finished or arrived (one of a few MB ends
-// within tens of microseconds, and putting this thread to sleep and waking
-// it costs as much), then every kPoll: a collective that waits for a slow
-// peer does not keep a core busy. This thread does nothing else, so neither
-// delays negotiation.
+// The watchdog looks again at once for this long after the last collective
+// finished or arrived, then every kPoll while device work is in flight, and
+// not at all once none is: a collective of a few MB ends within tens of
+// microseconds, and a caller that waited for one usually submits the next
+// within microseconds, while putting this thread to sleep and waking it
+// costs as much as the collective. So it stays awake (yielding) for a while
+// after the last one, even with nothing held; a collective that waits for a
+// slow peer, or a job between steps, does not keep a core busy. This thread
+// does nothing else, so neither delays negotiation.
 constexpr std::chrono::microseconds kSpin{1000};
 constexpr std::chrono::microseconds kPoll{50};
 
@@ -149,6 +152,13 @@ void DeviceWatchdog::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     if (ops_.empty()) {
+      if (Clock::now() - last_progress < kSpin) {
+        // The next collective is likely on its way (see kSpin).
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+        continue;
+      }
       work_cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
       new_work_ = false;
       last_progress = Clock::now();
