@@ -64,7 +64,7 @@ def main():
             xb, yb = tf.constant(x[idx]), tf.constant(y[idx])
             train_step(xb, yb)
             if not paid:
-                # TensorFlow's one-off of the step's first error (~0.8 MB,
+                # TensorFlow's one-off of the step's first error (~0.9 MB,
                 # see pay_first_error_cost), paid here in the warm-up instead
                 # of at the worker's first lost peer, where the run's memory
                 # check counted it as growth.
