@@ -285,6 +285,25 @@ def test_a_lost_peer_is_judged_by_its_cause_at_once(monkeypatch):
     assert _judge(monkeypatch, typed)
 
 
+def test_a_lost_peer_found_while_tracing_is_judged_a_lost_peer(monkeypatch):
+    # A survivor that traces its step when the core stops (its first step, or
+    # a retrace) gets the collective's error from the trace, re-raised by
+    # autograph as a StagingError: it must roll back, not end the job.
+    import tensorflow as tf
+
+    from tfring.common import tf_errors
+    aborted, peer_failure = 3, 3
+
+    @tf.function
+    def step():
+        # What tfring's collectives raise at trace time once the core stopped.
+        raise tf_errors.from_core(aborted, "rank 2 closed its connection", peer_failure, 2)
+    with pytest.raises(Exception) as caught:
+        step()
+    assert not isinstance(caught.value, tf.errors.OpError), type(caught.value)
+    assert _judge(monkeypatch, caught.value)
+
+
 def test_errors_that_are_not_lost_peers_are_judged_the_scripts_own(monkeypatch):
     import tensorflow as tf
     mismatch, invalid, not_initialized = 4, 5, 7
