@@ -79,6 +79,23 @@ def make_train_step(model, opt):
     return train_step
 
 
+def pay_first_error_cost(fn, *args):
+    """Makes TensorFlow do now, for the ``tf.function`` `fn` (as called with
+    `args`, already traced), what it otherwise does at the function's first
+    error: when a call raises, its error message is interpolated from the
+    function's GraphDebugInfo, and building that materialises the creation
+    stack trace of every node of the function, which TensorFlow keeps (this
+    train step: ~0.9 MB of malloc'd memory, measured; a second error, or
+    the first of another function traced from the same code, ~10-30 KB). In an elastic worker the first error is
+    its first lost peer, so that cost showed as growth after warm-up in the
+    chaos run's memory check (issue 40). This is TensorFlow's own one-off,
+    not tfring's: a harness that counts growth pays it in its warm-up.
+    Returns False where this TensorFlow has no such attribute (nothing paid)."""
+    atomic = getattr(fn.get_concrete_function(*args), "_inference_function", None)
+    # Reading the property is what builds the traces TensorFlow then keeps.
+    return getattr(atomic, "graph_debug_info", None) is not None
+
+
 def replay(schedule):
     """Weights after training on `schedule`, a list of sizes per step, in one
     process: each step averages the gradients of every rank's batch."""

@@ -188,6 +188,63 @@ def test_keras_state_builds_an_unbuilt_optimizer_so_its_slots_are_synced():
     assert "SLOTS 2 " in result.stdout, result.stdout + result.stderr
 
 
+def test_a_steps_first_error_cost_is_paid_ahead_by_pay_first_error_cost():
+    # Issue 40: a worker's first lost peer cost it ~1 MB that stayed. Most of
+    # it is TensorFlow's: a tf.function's first error interpolates its message
+    # from the function's GraphDebugInfo, which materialises and keeps every
+    # node's creation stack trace. The chaos worker pays it in its warm-up
+    # with elastic_worker.pay_first_error_cost; this measures both ways (glibc's
+    # bytes in use, which a free would lower) on two copies of the train step.
+    from support import run_python
+    code = (
+        "import ctypes, gc, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+        "import tensorflow as tf\n"
+        "import elastic_worker as ew\n"
+        "class MI(ctypes.Structure):\n"
+        "    _fields_ = [(n, ctypes.c_size_t) for n in 'arena ordblks smblks hblks hblkhd usmblks "
+        "fsmblks uordblks fordblks keepcost'.split()]\n"
+        "mi = ctypes.CDLL(None).mallinfo2\n"
+        "mi.restype = MI\n"
+        "model, opt = ew.build()\n"
+        "x, y = ew.data()\n"
+        "xb, yb = tf.constant(x[:4]), tf.constant(y[:4])\n"
+        "def make():\n"
+        "    @tf.function\n"
+        "    def step(xb, yb, scale):\n"
+        "        grads = [tf.debugging.check_numerics(g * scale, 'bad')\n"
+        "                 for g in ew.gradients(model, xb, yb)]\n"
+        "        opt.apply_gradients(zip(grads, model.trainable_variables))\n"
+        "    return step\n"
+        "def first_error_kb(step, pay):\n"
+        "    for _ in range(3):\n"
+        "        step(xb, yb, tf.constant(1.0))\n"
+        "    if pay:\n"
+        "        assert ew.pay_first_error_cost(step, xb, yb, tf.constant(1.0))\n"
+        "    gc.collect()\n"
+        "    before = mi().uordblks\n"
+        "    try:\n"
+        "        step(xb, yb, tf.constant(float('nan')))\n"
+        "    except tf.errors.InvalidArgumentError:\n"
+        "        pass\n"
+        "    gc.collect()\n"
+        "    return (mi().uordblks - before) // 1024\n"
+        "print('KEPT', first_error_kb(make(), PAY))\n")
+    # One process each: what the first error keeps is shared by functions
+    # traced from the same code (a second copy of the step in the same
+    # process kept 17 KB at its first error, measured).
+    kept = {}
+    for pay in (False, True):
+        result = run_python(f"PAY = {pay}\n" + code)
+        assert result.returncode == 0, result.stderr[-4000:]
+        kept[pay] = int(next(line.split()[1] for line in result.stdout.splitlines()
+                             if line.startswith("KEPT ")))
+    unpaid, paid = kept[False], kept[True]
+    print(f"\nfirst error of the step: {unpaid} KB kept unpaid, {paid} KB paid ahead")
+    assert unpaid > 400, f"the unpaid first error kept only {unpaid} KB: nothing to pay ahead"
+    assert paid < 200, f"paid ahead, the step's first error still kept {paid} KB"
+
+
 class _RunningCore:
     """The core as a survivor sees it just after a collective failed on a lost
     peer and before its background thread has stopped the job."""
@@ -226,6 +283,25 @@ def test_a_lost_peer_is_judged_by_its_cause_at_once(monkeypatch):
     typed = tf_errors.typed(_failure(tf.errors.AbortedError, peer_failure, 2))
     assert isinstance(typed, tf_errors.AbortedError) and typed.rank == 2
     assert _judge(monkeypatch, typed)
+
+
+def test_a_lost_peer_found_while_tracing_is_judged_a_lost_peer(monkeypatch):
+    # A survivor that traces its step when the core stops (its first step, or
+    # a retrace) gets the collective's error from the trace, re-raised by
+    # autograph as a StagingError: it must roll back, not end the job.
+    import tensorflow as tf
+
+    from tfring.common import tf_errors
+    aborted, peer_failure = 3, 3
+
+    @tf.function
+    def step():
+        # What tfring's collectives raise at trace time once the core stopped.
+        raise tf_errors.from_core(aborted, "rank 2 closed its connection", peer_failure, 2)
+    with pytest.raises(Exception) as caught:
+        step()
+    assert not isinstance(caught.value, tf.errors.OpError), type(caught.value)
+    assert _judge(monkeypatch, caught.value)
 
 
 def test_errors_that_are_not_lost_peers_are_judged_the_scripts_own(monkeypatch):

@@ -36,10 +36,19 @@ def _is_internal_error(exc):
     TensorFlow raised from inside a graph). A TensorFlow error that carries
     no cause (another op of the graph, cancelled because ours failed) is one
     when tfring has stopped by now: the op that failed first ended the job
-    before TensorFlow cancelled the rest."""
+    before TensorFlow cancelled the rest. An error raised while handling
+    one (autograph's, when the collective failed while tracing) is one too."""
     failure = tf_errors.failure_of(exc)
     if failure is not None:
         return failure[0].ends_job
+    # A peer lost while this rank traces a tf.function: autograph re-raises
+    # the collective's error as its own StagingError, the error as context.
+    context, seen = exc.__context__, 0
+    while context is not None and seen < 8:
+        failure = tf_errors.failure_of(context)
+        if failure is not None:
+            return failure[0].ends_job
+        context, seen = context.__context__, seen + 1
     return isinstance(exc, tf.errors.OpError) and not basics._core().is_initialized()
 
 
