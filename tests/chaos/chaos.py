@@ -464,7 +464,12 @@ class ChaosRun:
         with netns_support.FakeHosts(self.names) as hosts:
             self.hosts = hosts
             hosts.ssh_command(bin_dir)
-            env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            # The workers' temporary files in the run's directory: TensorFlow
+            # leaves a file per autograph-converted function of every worker
+            # the run kills (~70 a minute in /tmp otherwise).
+            worker_tmp = os.path.join(self.workdir, "tmp")
+            os.makedirs(worker_tmp, exist_ok=True)
+            env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TMPDIR": worker_tmp,
                    "TFRING_HEARTBEAT_SECONDS": "1", "CHAOS_STOP_FILE": stop_file,
                    "CHAOS_PIDS_FILE": pids_file,
                    "CHAOS_STEP_SLEEP": str(self.step_sleep),
