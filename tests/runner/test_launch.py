@@ -22,7 +22,9 @@ import pytest
 from launch_support import (
     LAUNCH_TIMEOUT, RANK_AND_SIZE, RECORD_PIDS, REPO, assert_all_gone, assert_no_process_with,
     processes_with, rank_lines, reported_ends, shell_wrapped, tfringrun, wait_for_files)
-from tfring.runner import check_build, hosts, launch, mpiexec, rank_env, rank_wrapper, shm_cleanup
+from tfring.runner import (check_build, console, hosts, launch, mpiexec, rank_env, rank_wrapper,
+                           shm_cleanup)
+from tfring.runner.elastic.driver import Driver as ElasticDriver
 from tfring.runner.supervisor import Supervisor, format_ranks
 
 # -- launching ---------------------------------------------------------------
@@ -588,3 +590,31 @@ def test_rank_wrapper_writes_whole_prefixed_lines():
         env=dict(os.environ, PMI_RANK="4"), capture_output=True, timeout=LAUNCH_TIMEOUT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"[4]<stdout>:abcdef\n[4]<stdout>:x\n[4]<stdout>:yz\n"
+
+
+class _Writes:
+    """A stderr that keeps each write() apart."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, text):
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("say", [
+    console.say, rank_wrapper._say,
+    lambda m: Supervisor._say(None, m), lambda m: ElasticDriver._say(None, m),
+], ids=["console", "rank_wrapper", "supervisor", "elastic_driver"])
+def test_launcher_lines_are_written_whole(say, monkeypatch):
+    # The ranks' lines share the stream: a line written in two pieces (as
+    # print() writes it) can get a rank's line glued to its end, where a
+    # reader of RESULT lines no longer finds it.
+    stderr = _Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    say("rank 0 was killed by signal 9 (SIGKILL); stopping the job.")
+    assert stderr.writes == ["tfringrun: rank 0 was killed by signal 9 (SIGKILL); stopping the job.\n"]

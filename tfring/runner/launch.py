@@ -36,6 +36,7 @@ import sys
 from tfring.common import transports
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import modes, rank_env, rank_wrapper
+from tfring.runner.console import say
 
 _DESCRIPTION = "Run a tfring (Horovod-compatible) training job on one or more hosts."
 
@@ -239,7 +240,7 @@ def _exec_in_place(command, extra_env):
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
-        print(f"tfringrun: cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
+        say(f"cannot run {command[0]!r}: {e.strerror}")
         return 127 if isinstance(e, FileNotFoundError) else 126
 
 

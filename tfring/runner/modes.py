@@ -16,10 +16,11 @@ from tfring.runner import mpiexec as mpiexec_mod
 from tfring.runner import preflight, rank_env, rank_wrapper, remote
 from tfring.runner.processes import RankProcessesLaunch, RankSpec
 from tfring.runner.supervisor import Supervisor
+from tfring.runner.console import say
 
 
 def fail(message, code=2):
-    print(f"tfringrun: {message}", file=sys.stderr)
+    say(message)
     return code
 
 
@@ -106,19 +107,16 @@ class Job:
             return
         placed = "; ".join(f"{name}: ranks {min(r)}-{max(r)}"
                            for name, r in self.placement.items())
-        print(f"tfringrun: {sum(map(len, self.placement.values()))} ranks on {placed}",
-              file=sys.stderr)
+        say(f"{sum(map(len, self.placement.values()))} ranks on {placed}")
         for name, value in env.items():
             if name != wire.SECRET_ENV:
-                print(f"tfringrun: export {name}={value}", file=sys.stderr)
+                say(f"export {name}={value}")
 
     def report_cleanup(self, supervisor):
         if supervisor.shm_removed and self.args.verbose:
-            print(f"tfringrun: removed {len(supervisor.shm_removed)} shared-memory files "
-                  "the job left", file=sys.stderr)
+            say(f"removed {len(supervisor.shm_removed)} shared-memory files the job left")
         if supervisor.shm_left:
-            print(f"tfringrun: left {', '.join(supervisor.shm_left)}: another process "
-                  "still maps it", file=sys.stderr)
+            say(f"left {', '.join(supervisor.shm_left)}: another process still maps it")
 
 
 def launch_mpi(args, hosts, num_proc, command, extra_env):
@@ -150,7 +148,7 @@ def launch_mpi(args, hosts, num_proc, command, extra_env):
             mpi_args=shlex.split(args.mpi_args) if args.mpi_args else ())
         job.verbose_summary(env)
         if args.verbose:
-            print(f"tfringrun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+            say(shlex.join(cmd))
         code = supervisor.run(cmd)
         job.report_cleanup(supervisor)
         return code
@@ -199,8 +197,7 @@ def launch_tcp(args, hosts, num_proc, command, extra_env):
                     specs.append(RankSpec(rank, job.wrapper_command(supervisor, command),
                                           per_rank[rank]))
                 if args.verbose:
-                    print(f"tfringrun: rank {rank}: {shlex.join(specs[-1].argv)}",
-                          file=sys.stderr, flush=True)
+                    say(f"rank {rank}: {shlex.join(specs[-1].argv)}")
         code = supervisor.run(RankProcessesLaunch(specs), dict(os.environ, **env))
         job.report_cleanup(supervisor)
         return code

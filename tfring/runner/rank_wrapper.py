@@ -82,6 +82,14 @@ _IDLE_FLUSH = 0.5
 _PR_SET_PDEATHSIG = 1
 
 
+
+def _say(message):
+    # One write for the line and its newline, as tfring.runner.console.say
+    # does (this file imports only the standard library): a print() writes
+    # them apart, and another rank's line could land between.
+    sys.stderr.write(f"tfringrun: {message}\n")
+    sys.stderr.flush()
+
 def rank_from_env(env=os.environ):
     """This process's rank as the MPI launcher exported it, or None."""
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
@@ -450,13 +458,12 @@ class RankWrapper:
             try:
                 self.connect()
             except OSError as e:
-                print(f"tfringrun: rank {self.rank}: {e}", file=sys.stderr, flush=True)
+                _say(f"rank {self.rank}: {e}")
                 return 1
         try:
             pumps = self.start_child()
         except OSError as e:
-            print(f"tfringrun: rank {self.rank}: cannot run {self.args.command[0]!r}: "
-                  f"{e.strerror}", file=sys.stderr, flush=True)
+            _say(f"rank {self.rank}: cannot run {self.args.command[0]!r}: {e.strerror}")
             code = 127 if isinstance(e, FileNotFoundError) else 126
             self.send(HELLO, self.token, self.rank, os.getpid(), socket.gethostname())
             self.send(EXIT, self.rank, code)
@@ -506,8 +513,7 @@ def main(argv=None):
         resolve_bind_host(os.environ)
     except (OSError, ValueError) as e:
         rank = launcher_rank()
-        print(f"tfringrun: rank {'?' if rank is None else rank}: {e}", file=sys.stderr,
-              flush=True)
+        _say(f"rank {'?' if rank is None else rank}: {e}")
         return 1
     rank = launcher_rank()
     # Taken out of the environment so the command does not inherit it.

@@ -44,13 +44,13 @@ process maps any more are removed (see :mod:`tfring.runner.shm_cleanup`).
 import os
 import signal
 import socket
-import sys
 import time
 
 from tfring.runner import rank_wrapper as wire
 from tfring.runner import processes, shm_cleanup, wrapper_link
 from tfring.runner.processes import describe_exit, format_ranks
 from tfring.runner.wrapper_link import WrapperListener
+from tfring.runner.console import say
 
 GRACE_SECONDS = 3.0
 # After a rank fails, the others get this long to notice (tfring names the
@@ -115,7 +115,7 @@ class Supervisor:
 
     # -- reporting ---------------------------------------------------------
     def _say(self, message):
-        print(f"tfringrun: {message}", file=sys.stderr, flush=True)
+        say(message)
 
     def _rank_name(self, rank):
         host = self.ranks[rank].host

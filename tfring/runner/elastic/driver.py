@@ -66,6 +66,7 @@ from tfring.runner.elastic.rounds import Rounds
 from tfring.runner.processes import describe_exit
 from tfring.runner.supervisor import FAILURE_GRACE_SECONDS
 from tfring.runner.wrapper_link import WrapperListener
+from tfring.runner.console import say
 
 BLACKLIST_FAILURES = 3
 DISCOVERY_INTERVAL = 1.0
@@ -215,7 +216,7 @@ class Driver:
 
     # -- output ----------------------------------------------------------------
     def _say(self, message):
-        print(f"tfringrun: {message}", file=sys.stderr, flush=True)
+        say(message)
 
     def _event(self, text, always=False):
         """Records what happened; says it with --verbose, or when `always`
