@@ -151,45 +151,38 @@ void DeviceWatchdog::Run() {
   auto last_progress = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    if (ops_.empty()) {
-      if (Clock::now() - last_progress < kSpin) {
-        // The next collective is likely on its way (see kSpin).
+    if (!ops_.empty()) {
+      CheckPeers(&lock);
+      const bool finished = SweepLocked();
+      if (finished) {
+        // Completions run outside the lock: they may submit (and so hand
+        // over) new work, or drain.
         lock.unlock();
-        std::this_thread::yield();
+        for (Op& op : finishing_) {
+          op.finish(op.status);
+          // What the op held goes now, outside the lock; the owner stays for Busy().
+          op.finish = nullptr;
+          op.done.reset();
+        }
         lock.lock();
+        finishing_.clear();
+        drained_cv_.notify_all();
+      }
+      if (finished || new_work_) {
+        new_work_ = false;
+        last_progress = Clock::now();
         continue;
       }
-      work_cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
-      new_work_ = false;
-      last_progress = Clock::now();
-      continue;
     }
-    CheckPeers(&lock);
-    const bool finished = SweepLocked();
-    if (finished) {
-      // Completions run outside the lock: they may submit (and so hand
-      // over) new work, or drain.
-      lock.unlock();
-      for (Op& op : finishing_) {
-        op.finish(op.status);
-        // What the op held goes now, outside the lock; the owner stays for Busy().
-        op.finish = nullptr;
-        op.done.reset();
-      }
-      lock.lock();
-      finishing_.clear();
-      drained_cv_.notify_all();
-    }
-    const auto now = Clock::now();
-    if (finished || new_work_) {
-      new_work_ = false;
-      last_progress = now;
-      continue;
-    }
-    if (now - last_progress < kSpin) {
+    if (Clock::now() - last_progress < kSpin) {
+      // The next collective, or this one's end, is likely on its way (see kSpin).
       lock.unlock();
       std::this_thread::yield();
       lock.lock();
+    } else if (ops_.empty()) {
+      work_cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
+      new_work_ = false;
+      last_progress = Clock::now();
     } else {
       work_cv_.wait_for(lock, kPoll, [&] { return stop_ || new_work_; });
     }

@@ -250,6 +250,9 @@ void TestWatchdogNamesADeadPeer() {
   CHECK(stopped.cause() == FailureCause::PEER_FAILURE && stopped.rank() == 1);
   CHECK(rig.api.Logged("CommAbort") && rig.abort->requested());
   lock.unlock();
+  // The op stays held while its completion runs (so that Drain waits for
+  // it): wait for the watchdog to let go, as the background loop would.
+  watchdog.Drain(nullptr, 5.0, Status::Aborted("drain timed out"));
   CHECK(!watchdog.Busy() && watchdog.failure().rank() == 1);
   // Work handed over after the death (the abort still stands) fails with
   // that death too, not with the abort.
