@@ -19,17 +19,29 @@ constexpr int kGatherStep = 64;      // + step
 constexpr int kFoldOutStep = 100;
 constexpr int kMeasureStep = 200;    // + 0 small, + 1 large
 
-// The measurement's messages: a small one, whose hop time is alpha, and a
-// large one whose hop time is mostly bytes (beta): 1 MiB takes 8 ms on a
-// 1 Gbit/s link and still 200 us through loopback, far above alpha. Each
-// is the median of its hops, not the least: a collective's steps pay the
-// typical hop (a wake-up from poll() when ranks outnumber cores), and the
-// least of eight was half the typical one on 2 fake hosts. Three large hops
-// back to back: a link that lets a burst through at a higher rate (a token
-// bucket) passes the first at that rate and the others at the link's.
+// The measurement's messages. alpha: a small token passed once round the
+// ring, rank to rank, timed by rank 0 and divided by the hops: each hop
+// waits for the one before it, as the steps of every algorithm here do. (A
+// hop timed on each rank while all ranks send at once measured the ranks'
+// phase instead: a rank whose message from the left had already arrived
+// timed only its own send, one that arrived early timed its wait, and alpha
+// varied 3-10x between launches on the same shaped links, so the choice at
+// 4-64 KB changed from launch to launch.) The first rounds are not timed:
+// the measurement is the set's first traffic, and they line the ranks up.
+// The median round, not the least: a collective's steps pay the typical hop
+// (with a wake-up from poll() when ranks outnumber cores).
+// beta: a large message, every rank sending right at once as the ring does:
+// 1 MiB takes 8 ms on a 1 Gbit/s link and still 200 us through loopback,
+// far above alpha. Three back to back: a link that lets a burst through at
+// a higher rate (a token bucket) passes the first at that rate and the
+// others at the link's.
 constexpr int64_t kSmallProbeBytes = 8;
 constexpr int64_t kLargeProbeBytes = 1 << 20;
-constexpr int kSmallProbes = 8;
+// short_beta's token: between the two, in the range (4-64 KB) where the
+// algorithms' order changes; it becomes LinkCosts::short_bytes.
+constexpr int64_t kShortProbeBytes = 16 << 10;
+constexpr int kTokenWarmups = 3;
+constexpr int kTokenRounds = 9;
 constexpr int kLargeProbes = 3;
 
 int LargestPowerOfTwoAtMost(int n) {
@@ -55,21 +67,27 @@ double PredictAllreduceSeconds(AllreduceAlgorithm algorithm, int ranks, int64_t 
   if (ranks <= 1) return 0;
   const double n = static_cast<double>(bytes), p = ranks;
   const int pow2 = LargestPowerOfTwoAtMost(ranks);
-  const double l = Log2(pow2), q = pow2;
+  const int l = Log2(pow2);
+  const double q = pow2;
   // The fold's two extra hops of the whole buffer and one reduction of it.
-  const double fold = ranks == pow2 ? 0 : 2 * (c.alpha + n * c.beta) + n * c.gamma;
+  const double fold = ranks == pow2 ? 0 : 2 * c.Hop(n) + n * c.gamma;
   switch (algorithm) {
     case AllreduceAlgorithm::RECURSIVE_DOUBLING:
-      return l * (c.alpha + n * c.beta + n * c.gamma) + fold;
-    case AllreduceAlgorithm::RABENSEIFNER:
-      return 2 * l * c.alpha + (q - 1) / q * n * (2 * c.beta + c.gamma) + fold;
+      return l * (c.Hop(n) + n * c.gamma) + fold;
+    case AllreduceAlgorithm::RABENSEIFNER: {
+      // Step k of the halving, and of the doubling, moves n / 2^k.
+      double hops = 0;
+      for (int k = 1; k <= l; ++k) hops += 2 * c.Hop(n / (1 << k));
+      return hops + (q - 1) / q * n * c.gamma + fold;
+    }
     case AllreduceAlgorithm::AUTO:
     case AllreduceAlgorithm::RING:
       break;
   }
   // Scatter-reduce: each piece's reduction overlaps the next piece's
   // transfer, so the slower of the two counts; allgather: transfer only.
-  return 2 * (p - 1) * c.alpha + (p - 1) / p * n * (std::max(c.beta, c.gamma) + c.beta);
+  const double piece = n / p;
+  return (p - 1) * (std::max(c.Hop(piece), c.alpha + piece * c.gamma) + c.Hop(piece));
 }
 
 AllreduceAlgorithm ChooseAllreduceAlgorithm(int ranks, int64_t bytes, const LinkCosts& costs) {
@@ -238,6 +256,39 @@ Status AllreduceAlgorithms::Rabenseifner(const void* input, void* output, int64_
   return FoldOut(f, out, bytes);
 }
 
+Status AllreduceAlgorithms::PassToken(char* send, char* recv, int64_t bytes, int left,
+                                      int right, int tag, double* seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CommRequestPtr rq, sq;
+  if (comm_->rank() == 0) {
+    TFRING_RETURN_IF_ERROR(comm_->Irecv(recv, bytes, left, tag, &rq));
+    Status s = comm_->Isend(send, bytes, right, tag, &sq);
+    if (s.ok()) s = comm_->Wait(sq.get(), "link measurement", true);
+    if (s.ok()) s = comm_->Wait(rq.get(), "link measurement", true);
+    if (!s.ok()) {
+      comm_->Cancel(&rq);
+      if (sq) comm_->Cancel(&sq);
+      return s;
+    }
+  } else {
+    // Received, then passed on: the next rank cannot start before this one.
+    TFRING_RETURN_IF_ERROR(comm_->Irecv(recv, bytes, left, tag, &rq));
+    Status s = comm_->Wait(rq.get(), "link measurement", true);
+    if (!s.ok()) {
+      comm_->Cancel(&rq);
+      return s;
+    }
+    TFRING_RETURN_IF_ERROR(comm_->Isend(send, bytes, right, tag, &sq));
+    s = comm_->Wait(sq.get(), "link measurement", true);
+    if (!s.ok()) {
+      comm_->Cancel(&sq);
+      return s;
+    }
+  }
+  *seconds = Seconds(t0);
+  return Status::OK();
+}
+
 Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
   const int n = comm_->size(), r = comm_->rank();
   *out = LinkCosts();
@@ -269,10 +320,24 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
     std::sort(took->begin(), took->end());
     return Status::OK();
   };
-  std::vector<double> small, large;
-  TFRING_RETURN_IF_ERROR(hop(kSmallProbeBytes, Tag(kMeasureStep), kSmallProbes, &small));
+  // Rank 0's median round of a token of `bytes`, per hop; 0 elsewhere.
+  auto token = [&](int64_t bytes, double* per_hop) -> Status {
+    std::vector<double> rounds;
+    for (int i = 0; i < kTokenWarmups + kTokenRounds; ++i) {
+      double took = 0;
+      TFRING_RETURN_IF_ERROR(PassToken(send.data(), recv.data(), bytes, left, right,
+                                       Tag(kMeasureStep), &took));
+      if (i >= kTokenWarmups) rounds.push_back(took);
+    }
+    std::sort(rounds.begin(), rounds.end());
+    *per_hop = r == 0 ? rounds[rounds.size() / 2] / n : 0.0;
+    return Status::OK();
+  };
+  double tiny_s = 0, short_s = 0;
+  TFRING_RETURN_IF_ERROR(token(kSmallProbeBytes, &tiny_s));
+  TFRING_RETURN_IF_ERROR(token(kShortProbeBytes, &short_s));
+  std::vector<double> large;
   TFRING_RETURN_IF_ERROR(hop(kLargeProbeBytes, Tag(kMeasureStep + 1), kLargeProbes, &large));
-  const double small_s = small[small.size() / 2], large_s = large[large.size() / 2];
   double reduce_s = 1e30;
   for (int i = 0; i < kLargeProbes; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -281,17 +346,22 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
                                       DataType::FLOAT32, ReduceOp::SUM));
     reduce_s = std::min(reduce_s, Seconds(t0));
   }
-  double costs[3] = {small_s, std::max(0.0, large_s - small_s) / kLargeProbeBytes,
-                     reduce_s / kLargeProbeBytes};
-  // The slowest rank's costs bound a collective, and every rank must choose
-  // the same algorithm for the same message.
-  TFRING_RETURN_IF_ERROR(RecursiveDoubling(costs, costs, 3, DataType::FLOAT64, ReduceOp::MAX));
-  out->alpha = costs[0];
-  out->beta = costs[1];
-  out->gamma = costs[2];
+  // The slowest rank's times bound a collective (only rank 0 timed the
+  // tokens; the others add 0), and every rank derives the costs from the
+  // same times, so all choose the same algorithm for the same message.
+  double took[4] = {tiny_s, short_s, large[large.size() / 2], reduce_s};
+  TFRING_RETURN_IF_ERROR(RecursiveDoubling(took, took, 4, DataType::FLOAT64, ReduceOp::MAX));
+  out->alpha = took[0];
+  out->short_bytes = kShortProbeBytes;
+  out->short_beta = std::max(0.0, took[1] - took[0]) / kShortProbeBytes;
+  // Hop(large) = Hop(short) + the rest at beta.
+  out->beta = std::max(0.0, took[2] - std::max(took[0], took[1])) /
+              (kLargeProbeBytes - kShortProbeBytes);
+  out->gamma = took[3] / kLargeProbeBytes;
   TFRING_LOG(DEBUG) << "allreduce link costs over " << n << " ranks (" << comm_->transport()
-                    << "): alpha " << out->alpha * 1e6 << " us, beta " << out->beta * 1e9
-                    << " ns/byte, gamma " << out->gamma * 1e9 << " ns/byte";
+                    << "): alpha " << out->alpha * 1e6 << " us, beta " << out->short_beta * 1e9
+                    << " ns/byte for a message's first " << kShortProbeBytes << " bytes, "
+                    << out->beta * 1e9 << " after, gamma " << out->gamma * 1e9 << " ns/byte";
   return Status::OK();
 }
 

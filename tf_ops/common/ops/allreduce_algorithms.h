@@ -20,6 +20,7 @@
 #ifndef TFRING_COMMON_OPS_ALLREDUCE_ALGORITHMS_H
 #define TFRING_COMMON_OPS_ALLREDUCE_ALGORITHMS_H
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -32,13 +33,26 @@
 
 namespace tfring {
 
-// The Hockney model's costs of one set's links, in seconds: a message of n
-// bytes from one rank to the next costs alpha + n * beta, and reducing n
-// bytes into a buffer costs n * gamma.
+// The costs of one set's links, in seconds: the Hockney model (a message of
+// n bytes from one rank to the next costs alpha + n * beta; reducing n
+// bytes into a buffer costs n * gamma) with a message's first short_bytes
+// at short_beta each. A link often passes a short message faster per byte
+// than a long one's bytes: a token bucket's burst, a TCP window still open.
+// Priced at the long messages' beta, a 4 KB message cost as much as 4 KB at
+// line rate, so the model preferred the ring's many small hops to recursive
+// doubling's few, where the measured times said the opposite.
 struct LinkCosts {
   double alpha = 0;
   double beta = 0;
   double gamma = 0;
+  int64_t short_bytes = 0;  // 0: beta throughout
+  double short_beta = 0;
+
+  // One message of `bytes` from one rank to the next.
+  double Hop(double bytes) const {
+    const double head = std::min(bytes, static_cast<double>(short_bytes));
+    return alpha + head * short_beta + (bytes - head) * beta;
+  }
 };
 
 // The model's time for `algorithm` (not AUTO) over `ranks` ranks and
@@ -63,10 +77,11 @@ class AllreduceAlgorithms {
                            ReduceOp op);
   Status Rabenseifner(const void* input, void* output, int64_t count, DataType dtype,
                       ReduceOp op);
-  // Measures this set's link costs (collective): every rank times a ring
-  // hop (a message to the right, one from the left) with a small and a
-  // large message, and a local reduction; every rank then gets the largest
-  // of each over the ranks, so all choose alike.
+  // Measures this set's link costs (collective): alpha and short_beta from
+  // a tiny and a short token passed round the ring (rank 0 times them),
+  // beta from a large ring hop (every rank sends right at once), gamma from
+  // a local reduction; every rank then gets the largest of each over the
+  // ranks, so all choose alike.
   Status MeasureLinkCosts(LinkCosts* out);
 
  private:
@@ -89,6 +104,10 @@ class AllreduceAlgorithms {
                 const char** cur);
   // The result back to the rank that sat out.
   Status FoldOut(const Fold& f, char* out, int64_t bytes);
+  // One round of a `bytes` token from rank 0 round the ring and back to
+  // it; `*seconds` is what the round took on this rank (rank 0: the round).
+  Status PassToken(char* send, char* recv, int64_t bytes, int left, int right, int tag,
+                   double* seconds);
   Status Exchange(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes, int peer,
                   int tag);
   // dst = (lower rank's side) op (higher rank's side).
