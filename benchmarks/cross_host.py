@@ -82,19 +82,30 @@ def _usage():
     return (r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw)
 
 
-def _timed_rows(sizes, allreduce, line_up):
+def _timed_rows(sizes, allreduce, line_up, back_to_back=False):
     """{label: [median seconds, CPU seconds, *DETAIL]}, the rusage figures
-    per call (line-up included) of this process, all its threads."""
+    per call (line-up included) of this process, all its threads.
+
+    Each timed call starts after a line-up (a one-element allreduce), or,
+    with `back_to_back`, right after the one before it (one line-up per
+    size). On a token-bucket link the line-up's own length is idle time in
+    which the bucket refills, so a size the link's rate binds looks faster
+    after a slower line-up: comparing algorithms there (each library's
+    line-up is its own allreduce, and auto's is recursive doubling where a
+    forced ring's is the ring), back to back is the fair measure."""
     import numpy as np
     rows = {}
     for label in sizes:
         nbytes = SIZES[label]
         x = np.ones(nbytes // 4, np.float32)
         times, u0 = [], None
+        if back_to_back:
+            line_up()
         for i in range(transport.reps_for(nbytes) + 3):
             if i == 3:
                 u0 = _usage()
-            line_up()
+            if not back_to_back:
+                line_up()
             t0 = time.perf_counter()
             allreduce(x)
             if i >= 3:
@@ -149,7 +160,7 @@ def tfring_rank(args):
 
         def slowest(values):
             return hvd.allreduce(np.array(values), op=hvd.Max, name="slowest").tolist()
-    rows = _timed_rows(args.sizes, allreduce, line_up)
+    rows = _timed_rows(args.sizes, allreduce, line_up, args.back_to_back)
     _write(args.out, hvd.rank(), {k: slowest(list(v)) for k, v in rows.items()})
     hvd.shutdown()
 
@@ -166,7 +177,8 @@ def mpich_rank(args):
         comm.Allreduce(x, out, op=MPI.SUM)
         assert out[0] == comm.size and out[-1] == comm.size
 
-    rows = _timed_rows(args.sizes, allreduce, lambda: comm.Allreduce(one, out1))
+    rows = _timed_rows(args.sizes, allreduce, lambda: comm.Allreduce(one, out1),
+                       args.back_to_back)
     _write(args.out, comm.rank, {k: [comm.allreduce(v, op=MPI.MAX) for v in rows[k]]
                                  for k in rows})
 
@@ -189,7 +201,8 @@ def gloo_rank(args):
     def timed_allreduce(x):
         dist.all_reduce(tensors[x.size])
 
-    rows = _timed_rows(args.sizes, timed_allreduce, lambda: dist.all_reduce(one))
+    rows = _timed_rows(args.sizes, timed_allreduce, lambda: dist.all_reduce(one),
+                       args.back_to_back)
     result = {}
     for k, values in rows.items():
         t = torch.tensor(values, dtype=torch.float64)
@@ -264,6 +277,7 @@ class Bench:
         return path
 
     baseline_library = None
+    rank_flags = ()  # passed on to every rank (--back-to-back)
 
     def tfring(self, controller, mode="tfring-core", extra_env=()):
         out = self._out(controller)
@@ -272,14 +286,14 @@ class Bench:
                "--network-interfaces", self.hosts.interfaces(),
                *self._python(mode + "-" + controller), os.path.abspath(__file__),
                "--rank-mode", mode, "--out", out,
-               "--sizes", ",".join(self.sizes)]
+               "--sizes", ",".join(self.sizes), *self.rank_flags]
         return run(cmd, dict(self.env, **dict(extra_env)), self.timeout + 60, out)
 
     def mpich(self):
         out = self._out("mpich")
         cmd = [self.mpiexec, "-n", str(self.np), "-hosts", self.host_list, "-launcher", "ssh",
                "-iface", self.hosts.bridge, *self._python("mpich"), os.path.abspath(__file__),
-               "--rank-mode", "mpich", "--out", out, "--sizes", ",".join(self.sizes)]
+               "--rank-mode", "mpich", "--out", out, "--sizes", ",".join(self.sizes), *self.rank_flags]
         return run(cmd, self.env, self.timeout, out)
 
     def gloo(self):
@@ -293,7 +307,7 @@ class Bench:
                            MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(self.np),
                            GLOO_SOCKET_IFNAME=self.hosts.interface(host), OMP_NUM_THREADS="1")
                 argv = [*self._python("gloo"), os.path.abspath(__file__), "--rank-mode", "gloo",
-                        "--out", out, "--sizes", ",".join(self.sizes)]
+                        "--out", out, "--sizes", ",".join(self.sizes), *self.rank_flags]
                 procs.append(subprocess.Popen(self.hosts.command(host, argv), cwd=ROOT, env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                               text=True, start_new_session=True))
@@ -569,6 +583,9 @@ def main():
     p.add_argument("--baseline-library", metavar="SO",
                    help="adds a row tcp-tf-base: the TF op with TFRING_LIBRARY=SO (another "
                         "build, e.g. main's), for before/after in the same run")
+    p.add_argument("--back-to-back", action="store_true",
+                   help="time each call right after the one before it, not after a line-up "
+                        "(see _timed_rows: the fair measure for comparing algorithms)")
     p.add_argument("--json")
     p.add_argument("--md", help="append the tables to this markdown file")
     p.add_argument("--rank-mode", choices=("tfring-core", "tfring-tf", "mpich", "gloo"),
@@ -586,6 +603,8 @@ def main():
     # SIGTERM unwinds like Ctrl-C, through every FakeHosts' clean-up.
     signal.signal(signal.SIGTERM, _interrupted)
     libs = [lib for lib in args.libs.split(",") if lib]
+    if args.back_to_back:
+        Bench.rank_flags = ("--back-to-back",)
     if args.baseline_library:
         Bench.baseline_library = os.path.abspath(args.baseline_library)
         libs.append("tcp-tf-base")
