@@ -32,7 +32,9 @@ Each iteration also times TF's own floor, a ``tf.function`` that returns
 allreduce). ``--chain K`` measures per op instead: one ``tf.function`` runs K
 collectives, each consuming the last one's output (allgather: the first
 rank's share of it), against K mpi4py calls that do the same, so TF's call
-cost is spread over K ops; times are then per op.
+cost is spread over K ops; times are then per op. ``--eager`` calls the
+op (or the chain) eagerly instead, as a script outside any ``tf.function``
+does, against an eager ``tf.identity`` as the floor.
 
 Rank 0 prints a table and appends one JSON line per (collective, size) to
 ``--out``, with the TFRING_*/MPIR_CVAR_* environment it ran under (set
@@ -89,6 +91,8 @@ def parse_args(argv=None):
                         "times are per op (default 1: one per call)")
     p.add_argument("--intra-op-threads", type=int, default=1,
                    help="TF intra-op threads per rank (0 = TF's default)")
+    p.add_argument("--eager", action="store_true",
+                   help="call the ops eagerly, not inside a tf.function")
     return p.parse_args(argv)
 
 
@@ -125,6 +129,8 @@ def main(argv=None):
         sys.exit("--chain must be at least 1")
     if args.chain > 1 and not args.label:
         label += f"-chain{args.chain}"
+    if args.eager and not args.label:
+        label += "-eager"
 
     def log(msg):
         if rank == 0:
@@ -187,8 +193,8 @@ def main(argv=None):
                 for k in range(chain):
                     t = body(t, k)
                 return t
-            fn = tf.function(links)
-            floor_fn = tf.function(tf.identity)
+            fn = links if args.eager else tf.function(links)
+            floor_fn = tf.identity if args.eager else tf.function(tf.identity)
 
             warmup, timed = iterations(nominal, args.quick)
             warmup = args.warmup if args.warmup is not None else warmup
@@ -242,8 +248,9 @@ def main(argv=None):
                 "tfring_rank0_median": bc.summary(all_tf[0])["median"],
                 "mpi4py_rank0_median": bc.summary(all_mpi[0])["median"],
                 "tfring_s": s_tf["median"], "mpi4py_s": s_mpi["median"],
-                "chain": args.chain,
-                # TF's own call cost (tf.identity in a tf.function), rank 0, per op.
+                "chain": args.chain, "eager": args.eager,
+                # TF's own call cost (tf.identity, in a tf.function unless
+                # --eager), rank 0, per op.
                 "tf_floor_s": bc.summary(t_floor)["median"],
                 "tfring_algbw": nbytes / s_tf["median"] / 1e9,
                 "mpi4py_algbw": nbytes / s_mpi["median"] / 1e9,
