@@ -104,20 +104,25 @@ AllreduceAlgorithm ChooseAllreduceAlgorithm(int ranks, int64_t bytes, const Link
   return best;
 }
 
-Status AllreduceAlgorithms::Exchange(const void* send, int64_t send_bytes, void* recv,
-                                     int64_t recv_bytes, int peer, int tag) {
+Status AllreduceAlgorithms::SendRecv(const void* send, int64_t send_bytes, int to, void* recv,
+                                     int64_t recv_bytes, int from, int tag, const char* what) {
   // The receive goes first so that the peer's message finds it posted.
   CommRequestPtr rq, sq;
-  TFRING_RETURN_IF_ERROR(comm_->Irecv(recv, recv_bytes, peer, tag, &rq));
-  Status s = comm_->Isend(send, send_bytes, peer, tag, &sq);
+  if (recv) TFRING_RETURN_IF_ERROR(comm_->Irecv(recv, recv_bytes, from, tag, &rq));
+  Status s = send ? comm_->Isend(send, send_bytes, to, tag, &sq) : Status::OK();
   // Data movement: keep polling (a transport may progress only inside Test).
-  if (s.ok()) s = comm_->Wait(rq.get(), "allreduce exchange", true);
-  if (s.ok()) s = comm_->Wait(sq.get(), "allreduce exchange", true);
+  if (s.ok() && rq) s = comm_->Wait(rq.get(), what, true);
+  if (s.ok() && sq) s = comm_->Wait(sq.get(), what, true);
   if (!s.ok()) {
-    comm_->Cancel(&rq);
+    if (rq) comm_->Cancel(&rq);
     if (sq) comm_->Cancel(&sq);
   }
   return s;
+}
+
+Status AllreduceAlgorithms::Exchange(const void* send, int64_t send_bytes, void* recv,
+                                     int64_t recv_bytes, int peer, int tag) {
+  return SendRecv(send, send_bytes, peer, recv, recv_bytes, peer, tag, "allreduce exchange");
 }
 
 Status AllreduceAlgorithms::Combine(char* dst, const char* mine, const char* theirs,
@@ -259,31 +264,15 @@ Status AllreduceAlgorithms::Rabenseifner(const void* input, void* output, int64_
 Status AllreduceAlgorithms::PassToken(char* send, char* recv, int64_t bytes, int left,
                                       int right, int tag, double* seconds) {
   const auto t0 = std::chrono::steady_clock::now();
-  CommRequestPtr rq, sq;
   if (comm_->rank() == 0) {
-    TFRING_RETURN_IF_ERROR(comm_->Irecv(recv, bytes, left, tag, &rq));
-    Status s = comm_->Isend(send, bytes, right, tag, &sq);
-    if (s.ok()) s = comm_->Wait(sq.get(), "link measurement", true);
-    if (s.ok()) s = comm_->Wait(rq.get(), "link measurement", true);
-    if (!s.ok()) {
-      comm_->Cancel(&rq);
-      if (sq) comm_->Cancel(&sq);
-      return s;
-    }
+    TFRING_RETURN_IF_ERROR(
+        SendRecv(send, bytes, right, recv, bytes, left, tag, "link measurement"));
   } else {
     // Received, then passed on: the next rank cannot start before this one.
-    TFRING_RETURN_IF_ERROR(comm_->Irecv(recv, bytes, left, tag, &rq));
-    Status s = comm_->Wait(rq.get(), "link measurement", true);
-    if (!s.ok()) {
-      comm_->Cancel(&rq);
-      return s;
-    }
-    TFRING_RETURN_IF_ERROR(comm_->Isend(send, bytes, right, tag, &sq));
-    s = comm_->Wait(sq.get(), "link measurement", true);
-    if (!s.ok()) {
-      comm_->Cancel(&sq);
-      return s;
-    }
+    TFRING_RETURN_IF_ERROR(
+        SendRecv(nullptr, 0, right, recv, bytes, left, tag, "link measurement"));
+    TFRING_RETURN_IF_ERROR(
+        SendRecv(send, bytes, right, nullptr, 0, left, tag, "link measurement"));
   }
   *seconds = Seconds(t0);
   return Status::OK();
@@ -300,24 +289,18 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
   // found that arena fragmented grew a worker by 1 MiB more (issue 40).
   MappedBuffer send(kLargeProbeBytes), recv(kLargeProbeBytes);
   std::memset(send.data(), 1, kLargeProbeBytes);
-  // Each hop's seconds, sorted.
-  auto hop = [&](int64_t bytes, int tag, int times, std::vector<double>* took) -> Status {
-    took->clear();
+  // A large hop, every rank sending right at once, `times` times: the
+  // median's seconds.
+  auto hop = [&](int64_t bytes, int tag, int times, double* median) -> Status {
+    std::vector<double> took;
     for (int i = 0; i < times; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      CommRequestPtr rq, sq;
-      TFRING_RETURN_IF_ERROR(comm_->Irecv(recv.data(), bytes, left, tag, &rq));
-      Status s = comm_->Isend(send.data(), bytes, right, tag, &sq);
-      if (s.ok()) s = comm_->Wait(rq.get(), "link measurement", true);
-      if (s.ok()) s = comm_->Wait(sq.get(), "link measurement", true);
-      if (!s.ok()) {
-        comm_->Cancel(&rq);
-        if (sq) comm_->Cancel(&sq);
-        return s;
-      }
-      took->push_back(Seconds(t0));
+      TFRING_RETURN_IF_ERROR(SendRecv(send.data(), bytes, right, recv.data(), bytes, left, tag,
+                                      "link measurement"));
+      took.push_back(Seconds(t0));
     }
-    std::sort(took->begin(), took->end());
+    std::sort(took.begin(), took.end());
+    *median = took[took.size() / 2];
     return Status::OK();
   };
   // Rank 0's median round of a token of `bytes`, per hop; 0 elsewhere.
@@ -336,8 +319,8 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
   double tiny_s = 0, short_s = 0;
   TFRING_RETURN_IF_ERROR(token(kSmallProbeBytes, &tiny_s));
   TFRING_RETURN_IF_ERROR(token(kShortProbeBytes, &short_s));
-  std::vector<double> large;
-  TFRING_RETURN_IF_ERROR(hop(kLargeProbeBytes, Tag(kMeasureStep + 1), kLargeProbes, &large));
+  double large_s = 0;
+  TFRING_RETURN_IF_ERROR(hop(kLargeProbeBytes, Tag(kMeasureStep + 1), kLargeProbes, &large_s));
   double reduce_s = 1e30;
   for (int i = 0; i < kLargeProbes; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -349,7 +332,7 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
   // The slowest rank's times bound a collective (only rank 0 timed the
   // tokens; the others add 0), and every rank derives the costs from the
   // same times, so all choose the same algorithm for the same message.
-  double took[4] = {tiny_s, short_s, large[large.size() / 2], reduce_s};
+  double took[4] = {tiny_s, short_s, large_s, reduce_s};
   TFRING_RETURN_IF_ERROR(RecursiveDoubling(took, took, 4, DataType::FLOAT64, ReduceOp::MAX));
   out->alpha = took[0];
   out->short_bytes = kShortProbeBytes;

@@ -108,6 +108,10 @@ class AllreduceAlgorithms {
   // it; `*seconds` is what the round took on this rank (rank 0: the round).
   Status PassToken(char* send, char* recv, int64_t bytes, int left, int right, int tag,
                    double* seconds);
+  // Sends `send` to `to` while receiving from `from` (either may be null:
+  // nothing that way) and waits for both; cancels both on failure.
+  Status SendRecv(const void* send, int64_t send_bytes, int to, void* recv, int64_t recv_bytes,
+                  int from, int tag, const char* what);
   Status Exchange(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes, int peer,
                   int tag);
   // dst = (lower rank's side) op (higher rank's side).
