@@ -14,9 +14,9 @@ from tfring._store import rendezvous, wire
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import mpiexec as mpiexec_mod
 from tfring.runner import preflight, rank_env, rank_wrapper, remote
+from tfring.runner.console import say
 from tfring.runner.processes import RankProcessesLaunch, RankSpec
 from tfring.runner.supervisor import Supervisor
-from tfring.runner.console import say
 
 
 def fail(message, code=2):

@@ -82,13 +82,13 @@ _IDLE_FLUSH = 0.5
 _PR_SET_PDEATHSIG = 1
 
 
-
 def _say(message):
     # One write for the line and its newline, as tfring.runner.console.say
     # does (this file imports only the standard library): a print() writes
     # them apart, and another rank's line could land between.
     sys.stderr.write(f"tfringrun: {message}\n")
     sys.stderr.flush()
+
 
 def rank_from_env(env=os.environ):
     """This process's rank as the MPI launcher exported it, or None."""

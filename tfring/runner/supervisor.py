@@ -48,9 +48,9 @@ import time
 
 from tfring.runner import rank_wrapper as wire
 from tfring.runner import processes, shm_cleanup, wrapper_link
+from tfring.runner.console import say
 from tfring.runner.processes import describe_exit, format_ranks
 from tfring.runner.wrapper_link import WrapperListener
-from tfring.runner.console import say
 
 GRACE_SECONDS = 3.0
 # After a rank fails, the others get this long to notice (tfring names the

@@ -62,11 +62,11 @@ from tfring._store import elastic_protocol as protocol
 from tfring._store import rendezvous, wire
 from tfring.runner import hosts as hosts_mod
 from tfring.runner import processes, rank_wrapper, remote, wrapper_link
+from tfring.runner.console import say
 from tfring.runner.elastic.rounds import Rounds
 from tfring.runner.processes import describe_exit
 from tfring.runner.supervisor import FAILURE_GRACE_SECONDS
 from tfring.runner.wrapper_link import WrapperListener
-from tfring.runner.console import say
 
 BLACKLIST_FAILURES = 3
 DISCOVERY_INTERVAL = 1.0
