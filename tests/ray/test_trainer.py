@@ -176,6 +176,9 @@ class RankRefused(ValueError):
 
 def _raising_loop(config):
     hvd = _join(config["out"], "raise")
+    # Every rank has recorded its join before the bad one raises: the
+    # group's end could otherwise cut a slower rank short of its record.
+    hvd.allreduce(np.ones(1, np.float32), name="joined")
     if hvd.rank() == config["bad_rank"]:
         raise RankRefused(f"rank {hvd.rank()} refuses to train")
     # The others wait for it in a collective, until the group is ended.
