@@ -60,6 +60,20 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// The median seconds of `times` runs of `step` after `warmups` untimed ones.
+template <typename Step>
+Status MedianSeconds(int warmups, int times, Step step, double* median) {
+  std::vector<double> took;
+  for (int i = 0; i < warmups + times; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    TFRING_RETURN_IF_ERROR(step());
+    if (i >= warmups) took.push_back(Seconds(t0));
+  }
+  std::sort(took.begin(), took.end());
+  *median = took[took.size() / 2];
+  return Status::OK();
+}
+
 }  // namespace
 
 double PredictAllreduceSeconds(AllreduceAlgorithm algorithm, int ranks, int64_t bytes,
@@ -262,20 +276,13 @@ Status AllreduceAlgorithms::Rabenseifner(const void* input, void* output, int64_
 }
 
 Status AllreduceAlgorithms::PassToken(char* send, char* recv, int64_t bytes, int left,
-                                      int right, int tag, double* seconds) {
-  const auto t0 = std::chrono::steady_clock::now();
+                                      int right, int tag) {
   if (comm_->rank() == 0) {
-    TFRING_RETURN_IF_ERROR(
-        SendRecv(send, bytes, right, recv, bytes, left, tag, "link measurement"));
-  } else {
-    // Received, then passed on: the next rank cannot start before this one.
-    TFRING_RETURN_IF_ERROR(
-        SendRecv(nullptr, 0, right, recv, bytes, left, tag, "link measurement"));
-    TFRING_RETURN_IF_ERROR(
-        SendRecv(send, bytes, right, nullptr, 0, left, tag, "link measurement"));
+    return SendRecv(send, bytes, right, recv, bytes, left, tag, "link measurement");
   }
-  *seconds = Seconds(t0);
-  return Status::OK();
+  // Received, then passed on: the next rank cannot start before this one.
+  TFRING_RETURN_IF_ERROR(SendRecv(nullptr, 0, right, recv, bytes, left, tag, "link measurement"));
+  return SendRecv(send, bytes, right, nullptr, 0, left, tag, "link measurement");
 }
 
 Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
@@ -289,38 +296,27 @@ Status AllreduceAlgorithms::MeasureLinkCosts(LinkCosts* out) {
   // found that arena fragmented grew a worker by 1 MiB more (issue 40).
   MappedBuffer send(kLargeProbeBytes), recv(kLargeProbeBytes);
   std::memset(send.data(), 1, kLargeProbeBytes);
-  // A large hop, every rank sending right at once, `times` times: the
-  // median's seconds.
-  auto hop = [&](int64_t bytes, int tag, int times, double* median) -> Status {
-    std::vector<double> took;
-    for (int i = 0; i < times; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      TFRING_RETURN_IF_ERROR(SendRecv(send.data(), bytes, right, recv.data(), bytes, left, tag,
-                                      "link measurement"));
-      took.push_back(Seconds(t0));
-    }
-    std::sort(took.begin(), took.end());
-    *median = took[took.size() / 2];
-    return Status::OK();
-  };
   // Rank 0's median round of a token of `bytes`, per hop; 0 elsewhere.
   auto token = [&](int64_t bytes, double* per_hop) -> Status {
-    std::vector<double> rounds;
-    for (int i = 0; i < kTokenWarmups + kTokenRounds; ++i) {
-      double took = 0;
-      TFRING_RETURN_IF_ERROR(PassToken(send.data(), recv.data(), bytes, left, right,
-                                       Tag(kMeasureStep), &took));
-      if (i >= kTokenWarmups) rounds.push_back(took);
-    }
-    std::sort(rounds.begin(), rounds.end());
-    *per_hop = r == 0 ? rounds[rounds.size() / 2] / n : 0.0;
+    double round_s = 0;
+    TFRING_RETURN_IF_ERROR(MedianSeconds(
+        kTokenWarmups, kTokenRounds,
+        [&] { return PassToken(send.data(), recv.data(), bytes, left, right, Tag(kMeasureStep)); },
+        &round_s));
+    *per_hop = r == 0 ? round_s / n : 0.0;
     return Status::OK();
   };
-  double tiny_s = 0, short_s = 0;
+  double tiny_s = 0, short_s = 0, large_s = 0;
   TFRING_RETURN_IF_ERROR(token(kSmallProbeBytes, &tiny_s));
   TFRING_RETURN_IF_ERROR(token(kShortProbeBytes, &short_s));
-  double large_s = 0;
-  TFRING_RETURN_IF_ERROR(hop(kLargeProbeBytes, Tag(kMeasureStep + 1), kLargeProbes, &large_s));
+  // A large hop, every rank sending right at once.
+  TFRING_RETURN_IF_ERROR(MedianSeconds(
+      0, kLargeProbes,
+      [&] {
+        return SendRecv(send.data(), kLargeProbeBytes, right, recv.data(), kLargeProbeBytes, left,
+                        Tag(kMeasureStep + 1), "link measurement");
+      },
+      &large_s));
   double reduce_s = 1e30;
   for (int i = 0; i < kLargeProbes; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

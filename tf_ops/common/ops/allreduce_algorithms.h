@@ -104,10 +104,8 @@ class AllreduceAlgorithms {
                 const char** cur);
   // The result back to the rank that sat out.
   Status FoldOut(const Fold& f, char* out, int64_t bytes);
-  // One round of a `bytes` token from rank 0 round the ring and back to
-  // it; `*seconds` is what the round took on this rank (rank 0: the round).
-  Status PassToken(char* send, char* recv, int64_t bytes, int left, int right, int tag,
-                   double* seconds);
+  // One round of a `bytes` token from rank 0 round the ring and back to it.
+  Status PassToken(char* send, char* recv, int64_t bytes, int left, int right, int tag);
   // Sends `send` to `to` while receiving from `from` (either may be null:
   // nothing that way) and waits for both; cancels both on failure.
   Status SendRecv(const void* send, int64_t send_bytes, int to, void* recv, int64_t recv_bytes,
