@@ -1,9 +1,10 @@
 // Events queried instead of waiting on a device. A GPU tensor is produced on
 // a framework stream and reduced on a plane's stream; no core thread blocks
 // on either: a device stream waits for an input's event (QueueWait), and the
-// device watchdog (device_watchdog.h) queries a collective's fence. A CUDA
-// event in a GPU build, nothing at all on the CPU (host memory is ready when
-// it is handed over).
+// device watchdog (device_watchdog.h) queries a collective's fence, and a
+// binding's stream waits for that fence (TensorTableEntry::launched) instead
+// of its host waiting for the watchdog. A CUDA event in a GPU build, nothing
+// at all on the CPU (host memory is ready when it is handed over).
 #ifndef TFRING_COMMON_DEVICE_EVENT_H
 #define TFRING_COMMON_DEVICE_EVENT_H
 
@@ -34,6 +35,8 @@ class DeviceEvent {
   // collective whose inputs have such events is negotiated at once, and the
   // device, not the background thread, holds it back until they are written:
   // the launch overlaps the producer's kernels instead of following them.
+  // A GPU collective's fence has it too: the caller's stream then waits for
+  // the collective on the device, and its host does not.
   virtual bool waits_on_device() const { return false; }
   // Makes the work queued on `stream` (a cudaStream_t on a GPU) after this
   // call wait, on the device, until this event has happened. Never blocks.

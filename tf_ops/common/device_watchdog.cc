@@ -56,7 +56,7 @@ Status DeviceWatchdog::failure() const {
   return failed_;
 }
 
-void DeviceWatchdog::Watch(const void* owner, std::unique_ptr<DeviceEvent> done, Finish finish) {
+void DeviceWatchdog::Watch(const void* owner, std::shared_ptr<DeviceEvent> done, Finish finish) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });

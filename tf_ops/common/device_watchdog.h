@@ -57,8 +57,10 @@ class DeviceWatchdog {
   // A job starts: its peers and hooks, and no failure seen yet.
   void Arm(Job job);
   // Hands over a started collective of `owner` (its process set): `done`
-  // happens when the device has finished it. Never blocks on the device.
-  void Watch(const void* owner, std::unique_ptr<DeviceEvent> done, Finish finish);
+  // happens when the device has finished it. Shared: a binding may hold the
+  // same fence to make its stream wait for it (TensorTableEntry::launched).
+  // Never blocks on the device.
+  void Watch(const void* owner, std::shared_ptr<DeviceEvent> done, Finish finish);
   // Whether work of `owner` (any owner: null) is held or completing now.
   bool Busy(const void* owner = nullptr) const;
   // Waits until `owner`'s work has finished or `timeout_s` has passed (a
@@ -75,7 +77,7 @@ class DeviceWatchdog {
  private:
   struct Op {
     const void* owner;
-    std::unique_ptr<DeviceEvent> done;
+    std::shared_ptr<DeviceEvent> done;
     Finish finish;
     Status status;  // the verdict, once finished
   };

@@ -80,8 +80,17 @@ void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, Run
     for (auto& e : entries) Complete(e, s);
     return;
   }
+  std::shared_ptr<DeviceEvent> done = std::move(run.pending);
+  // Before the watchdog may complete them: a binding's stream waits for the
+  // fence from now on, and its host need not wait for the callback. Not
+  // after a failure, which only the callback carries, nor for a fence no
+  // stream can wait for (a failed step's).
+  if (local.ok() && done && done->waits_on_device()) {
+    for (auto& e : entries)
+      if (e.launched) e.launched(done);
+  }
   auto held = std::make_shared<std::vector<TensorTableEntry>>(std::move(entries));
-  Watchdog().Watch(&ps, std::move(run.pending), [held, local, keep](const Status& s) {
+  Watchdog().Watch(&ps, std::move(done), [held, local, keep](const Status& s) {
     for (auto& e : *held) Complete(e, local.ok() ? s : local);
   });
 }

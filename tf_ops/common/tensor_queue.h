@@ -24,6 +24,11 @@ namespace tfring {
 // JOIN's last joined rank and ADD_PROCESS_SET's new id.
 using DoneCallback = std::function<void(const Status&, int32_t int_result)>;
 
+// Told, on the thread that launched it, that a collective's device work is
+// queued: `done` is its fence, which a stream can wait for (QueueWait)
+// before the device has finished and the callback has run.
+using LaunchedFn = std::function<void(const std::shared_ptr<DeviceEvent>& done)>;
+
 // Allocates an output whose shape is only known after negotiation.
 using AllocateFn = std::function<Status(const TensorShape& shape, void** data)>;
 
@@ -45,6 +50,11 @@ struct TensorTableEntry : Request {
   // has happened. Null: ready now (host memory).
   std::shared_ptr<DeviceEvent> ready_event;
   DoneCallback callback;
+  // Empty, or told when the collective's device work is queued and before
+  // it completes (a binding then makes its caller's stream wait for the
+  // fence: complete by event). Never called for work that ran on the host,
+  // nor for an entry that failed before its launch: only the callback is.
+  LaunchedFn launched;
 
   int64_t input_bytes() const { return NumElements(shape) * DataTypeSize(dtype); }
   // The negotiation message for this entry, sent by set rank `rank`.

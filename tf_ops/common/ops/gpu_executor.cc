@@ -50,11 +50,26 @@ void* DeviceBuffer::Get(int64_t bytes, int* error) {
 namespace {
 
 // The fence of a GPU executor: one event recorded after everything it queued.
+// The watchdog queries it; a binding may hold it too, to make its caller's
+// stream wait for it, so the event goes back to the pool only when both let
+// go (the pool itself is shared for that reason).
 class StreamFence : public DeviceEvent {
  public:
   StreamFence(GpuShared* shared, GpuEvent event, int32_t device, bool watch_comms)
-      : shared_(shared), event_(event), device_(device), watch_comms_(watch_comms) {}
-  ~StreamFence() override { shared_->events->Release(event_); }
+      : shared_(shared), pool_(shared->events), event_(event), device_(device),
+        watch_comms_(watch_comms) {}
+  ~StreamFence() override { pool_->Release(event_); }
+
+  bool waits_on_device() const override { return true; }
+  // The caller's stream waits on the device. What a failure leaves in the
+  // output (an aborted communicator's event happens too) is reported by the
+  // watchdog's Query, which fails the collective and stops the job.
+  Status QueueWait(void* stream) override {
+    const int err = pool_->api()->StreamWaitEvent(stream, event_);
+    return err == 0 ? Status::OK()
+                    : CudaErrorToStatus(err, "cudaStreamWaitEvent on a collective's fence",
+                                        pool_->api()->CudaErrorString(err));
+  }
 
   Status Query() override {
     NcclApi* api = shared_->api;
@@ -75,6 +90,7 @@ class StreamFence : public DeviceEvent {
 
  private:
   GpuShared* shared_;
+  std::shared_ptr<GpuEventPool> pool_;
   GpuEvent event_;
   int32_t device_;
   bool watch_comms_;

@@ -152,6 +152,69 @@ void TestReadyEventsWaitOnTheDevice() {
   }
 }
 
+// Complete by event: a collective's fence is one a caller's stream can wait
+// for on the device, and a binding holding it after the watchdog has
+// completed the collective keeps its event: the pool does not hand that
+// event to a later record, which the caller's wait would then wait for.
+void TestFenceCompletesByEvent() {
+  for (bool staged : {false, true}) {
+    FakeGpuStack stack;
+    std::unique_ptr<Executor> ex;
+    if (staged) {
+      CHECK(HostStagedExecutor::Create(&stack.shared, 0, &ex).ok());
+    } else {
+      ex = std::move(stack.executor);
+    }
+    FakeApi& api = stack.api;
+    std::vector<char> a = Floats({1, 2}), b(8);
+    Status copied = ex->Copy(b.data(), a.data(), 8);
+    CHECK(copied.ok() || copied.in_progress());
+    std::shared_ptr<DeviceEvent> fence = ex->Fence();
+    CHECK(fence != nullptr && fence->waits_on_device());
+    int caller_stream = 0;
+    api.log.clear();
+    CHECK(fence->QueueWait(&caller_stream).ok());
+    CHECK(api.log.size() == 1 && api.log[0].rfind("StreamWaitEvent ", 0) == 0);
+    const intptr_t event = std::stoll(api.log[0].substr(16));
+
+    // The watchdog completes the collective while the binding still holds
+    // the fence.
+    DeviceWatchdog watchdog;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;
+    Status got = Status::Unknown("not finished");
+    watchdog.Watch(&stack, fence, [&](const Status& st) {
+      std::lock_guard<std::mutex> lock(mu);
+      got = st;
+      finished = true;
+      cv.notify_all();
+    });
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      CHECK(cv.wait_for(lock, std::chrono::seconds(5), [&] { return finished; }));
+    }
+    watchdog.Drain(&stack, 5.0, Status::Aborted("not finished"));
+    CHECK(got.ok() && !watchdog.Busy());
+    GpuEvent next = nullptr;
+    CHECK(stack.shared.events->Acquire(&next) == 0);
+    CHECK(reinterpret_cast<intptr_t>(next) != event);
+    stack.shared.events->Release(next);
+    // Once the binding lets go too, the event goes back to the pool.
+    fence.reset();
+    CHECK(stack.shared.events->Acquire(&next) == 0 && reinterpret_cast<intptr_t>(next) == event);
+    stack.shared.events->Release(next);
+
+    // A failed wait names the fence and CUDA's error.
+    std::shared_ptr<DeviceEvent> again = ex->Fence();
+    CHECK(again != nullptr);
+    api.stream_wait_result = 700;
+    Status s = again->QueueWait(&caller_stream);
+    CHECK(!s.ok() && Contains(s.message(), "collective's fence") &&
+          Contains(s.message(), "cuda error text 700"));
+  }
+}
+
 // A fused collective's inputs: one wait per producer stream (its latest
 // event covers the earlier ones), and one per event recorded on a default
 // stream, whose handle names a different stream per device or thread.
@@ -274,6 +337,7 @@ int main() {
   TestHostStaging();
   TestExecutorPrimitives();
   TestReadyEventsWaitOnTheDevice();
+  TestFenceCompletesByEvent();
   TestOneWaitPerProducerStream();
   TestHostExecutorPollsReadyEvents();
   TestWatchdogNamesADeadPeer();
