@@ -7,9 +7,10 @@ that fails raises, so the rank exits non-zero and tfringrun reports it.
 Checks:
   collectives  every collective x dtype x op x scale factors, fused groups,
                a ready event on a side stream, a steady loop speculated and
-               launched on submit (and a shape mismatch inside it); at np=1
-               also that no tensor left the GPU (the host-staging copy
-               counter stays 0)
+               launched on submit (and a shape mismatch inside it), waits
+               that complete by event (at np=1: the host returns while the
+               stream is still busy); at np=1 also that no tensor left the
+               GPU (the host-staging copy counter stays 0)
   hierarchical allreduce x dtype x op x scale factors with fake hosts and
                TFRING_HIERARCHICAL_ALLREDUCE=1: NCCL within each host, the
                host ring across them
@@ -202,8 +203,10 @@ def check_collectives():
         for _ in range(20):
             big *= 1.0
         y = hvd.allreduce(big, op=hvd.Sum, name="side.stream")
-    assert float(cp.asnumpy(y[:1000]).min()) == float(size), "ready event not honoured"
-    assert float(cp.asnumpy(y[-1000:]).max()) == float(size), "ready event not honoured"
+        # Read on `side`, which the wait made wait for the collective
+        # (complete by event); another stream would need a sync first.
+        assert float(cp.asnumpy(y[:1000]).min()) == float(size), "ready event not honoured"
+        assert float(cp.asnumpy(y[-1000:]).max()) == float(size), "ready event not honoured"
     checks += 1
     # Tensors that two streams are still writing, each handed over on its
     # own stream, and likely fused into one collective: it must wait for
@@ -223,12 +226,14 @@ def check_collectives():
         for g in group:
             g *= 1.5
         ys = hvd.grouped_allreduce(group, op=hvd.Sum, name="group.side.stream")
+        for k, y in enumerate(ys):
+            got = cp.asnumpy(y)
+            assert got.min() == got.max() == 3.0 * size, \
+                f"group tensor {k}: ready event not honoured"
+    # synchronize() on the default stream makes that one wait.
     for k, h in enumerate(handles):
         got = cp.asnumpy(hvd.synchronize(h))
         assert got.min() == got.max() == 10.0 * size, f"tensor {k}: ready events not honoured"
-    for k, y in enumerate(ys):
-        got = cp.asnumpy(y)
-        assert got.min() == got.max() == 3.0 * size, f"group tensor {k}: ready event not honoured"
     checks += 1
     # The one-call path (submit_device) takes CuPy arrays, in place or not.
     from tfring.core import ops
@@ -242,9 +247,11 @@ def check_collectives():
     checks += 1
     spec = check_launch_on_submit(rank, size)
     checks += 1
+    by_event = check_complete_by_event(rank, size)
+    checks += 1
     copies = hvd.host_staging_copies() - copies_before
     report(rank=rank, size=size, check="collectives", checks=checks, host_copies=copies,
-           speculation=spec,
+           speculation=spec, by_event=by_event,
            worst_relative_error=worst, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
            nccl_built=hvd.nccl_built())
 
@@ -285,6 +292,41 @@ def check_launch_on_submit(rank, size):
         y = hvd.allreduce(cp.ones(8, dtype=cp.float32), op=hvd.Sum, name="after.mismatch")
         assert float(cp.asnumpy(y).min()) == size
     return spec
+
+
+# Keeps one GPU thread busy for `cycles` clock cycles.
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+"""
+
+
+def check_complete_by_event(rank, size):
+    """Complete by event: behind a kernel that keeps the caller's stream
+    busy (0.3 s or more), a collective's wait returns with the stream still
+    busy (the host never waited for the device), through the one-call path
+    and the general one, and what the stream runs next reads the results.
+    With NCCL only (np=1): host staging copies through the host, which waits."""
+    stream = cp.cuda.get_current_stream()
+    spin = cp.RawKernel(SPIN, "spin")
+    x = cp.full(1 << 20, float(rank + 1), dtype=cp.float32)
+    stream.synchronize()
+    spin((1,), (1,), (np.int64(6e8),))  # 0.3 s at 2 GHz, longer at lower clocks
+    start = time.perf_counter()
+    y = hvd.allreduce(x, op=hvd.Sum, name="by.event.one.call")
+    a, b = hvd.grouped_allreduce_async([x, x], op=hvd.Sum, name="by.event.group").wait()
+    waited = time.perf_counter() - start
+    busy = not stream.done
+    total = size * (size + 1) / 2
+    for got, what in ((y, "one call"), (a, "group"), (b, "group")):
+        got = cp.asnumpy(got)  # on `stream`: after the collective
+        assert got.min() == got.max() == total, f"{what}: {got[:4]} != {total}"
+    if size == 1 and hvd.nccl_built():
+        assert busy, f"the waits took {waited:.3f} s and the stream was idle: the host waited"
+    return {"waited_s": round(waited, 4), "stream_busy_after_wait": busy}
 
 
 def check_kill():

@@ -5,14 +5,17 @@ prints ``RESULT <json>``; a failed check raises (the rank exits non-zero).
 
 Checks:
   collectives  every collective on CUDA tensors (dtypes, ops, groups, async,
-               in place, a gradient) against CPU references; reports how
-               many copies host staging made (0 at np=1: all NCCL)
+               in place, a gradient) against CPU references, and waits
+               that complete by event (at np=1 the host returns while the
+               stream is busy); reports how many copies host staging made
+               (0 at np=1: all NCCL)
   train        DistributedOptimizer (SGD with momentum, then Adam) on a
                small MLP on the GPU against one process on the whole batch
 """
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -84,8 +87,37 @@ def check_collectives():
         assert isinstance(h, ops._ArrayHandle), "a CUDA tensor went the general way"
         assert h.wait() is z and float(z.min()) == float(z.max()) == size * (size + 1) / 2
         torch.cuda.synchronize()
-    report(rank=rank, size=size, nccl_built=hvd.nccl_built(),
+        by_event = check_complete_by_event(rank, size)
+    else:
+        by_event = None
+    report(rank=rank, size=size, nccl_built=hvd.nccl_built(), by_event=by_event,
            host_copies=tfring.core.host_staging_copies() - before)
+
+
+def check_complete_by_event(rank, size):
+    """Complete by event, as torch.distributed's work.wait(): behind a
+    kernel that keeps the current stream busy (about 0.1-0.2 s), the waits
+    of allreduce, allreduce_ and synchronize() return with the stream still
+    busy (at np=1, NCCL; host staging copies through the host, which
+    waits), and the stream then reads the results."""
+    stream = torch.cuda.current_stream()
+    x = torch.full((1 << 20,), float(rank + 1), device=DEV)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e8))
+    start = time.perf_counter()
+    y = hvd.allreduce(x, op=hvd.Sum, name="by.event")
+    h = hvd.allreduce_async_(x, op=hvd.Sum, name="by.event.in.place")
+    hvd.synchronize(h)
+    g = hvd.grouped_allreduce([y, y], op=hvd.Sum, name="by.event.group")
+    waited = time.perf_counter() - start
+    busy = not stream.query()
+    total = size * (size + 1) / 2
+    check(y, torch.full((1 << 20,), total), "by event: allreduce")
+    check(x, torch.full((1 << 20,), total), "by event: allreduce_")
+    check(g[1], torch.full((1 << 20,), total * size), "by event: grouped")
+    if size == 1 and hvd.nccl_built():
+        assert busy, f"the waits took {waited:.3f} s and the stream was idle: the host waited"
+    return {"waited_s": round(waited, 4), "stream_busy_after_wait": busy}
 
 
 def _model():

@@ -139,6 +139,7 @@ CallSpec OneCall(int32_t collective, py::handle name, bool intern, std::string* 
 // do not wait for it.
 py::object EnqueueOne(const CallSpec& call, const TensorSpec& t, AllocateFn allocate,
                       const std::shared_ptr<PendingCall>& req) {
+  ReleaseDroppedRefs();
   Status s;
   {
     py::gil_scoped_release release;

@@ -99,6 +99,12 @@ Status EnqueueFilled(int32_t process_set_id, TensorTableEntry e, const Status& f
     return filled;
   }
   e.callback = [req](const Status& st, int32_t) { req->Finish(st); };
+  if (IsGpuDevice(e.device)) {
+    // The callback holds `req` until after this has run: a plain pointer
+    // keeps the function small enough to need no allocation of its own.
+    PendingCall* call = req.get();
+    e.launched = [call](const std::shared_ptr<DeviceEvent>& done) { call->Launched(done); };
+  }
   return Enqueue(process_set_id, std::move(e));
 }
 
@@ -138,6 +144,7 @@ struct ReadyEvent {
 std::shared_ptr<PendingCall> Submit(const CallSpec& call, const std::vector<TensorSpec>& tensors,
                                     std::shared_ptr<DeviceEvent> ready, py::object allocator,
                                     py::object keep_alive) {
+  ReleaseDroppedRefs();
   const int n = static_cast<int>(tensors.size());
   auto req = std::make_shared<PendingCall>(std::max(n, 1));
   req->KeepAlive(std::make_shared<PyRef>(py::make_tuple(keep_alive, allocator)));
@@ -215,6 +222,7 @@ PYBIND11_MODULE(_tfring_core, m) {
       .def(
           "wait",
           [](PendingCall& r, double timeout_s) {
+            ReleaseDroppedRefs();
             bool done;
             {
               py::gil_scoped_release release;
@@ -234,26 +242,56 @@ PYBIND11_MODULE(_tfring_core, m) {
            })
       .def(
           "wait_result",
-          [](PendingCall& r) -> py::object {
+          [](PendingCall& r, py::object stream) -> py::object {
+            ReleaseDroppedRefs();
+            const bool on_stream = !stream.is_none();
+            void* s_ptr = on_stream ? reinterpret_cast<void*>(stream.cast<uintptr_t>()) : nullptr;
+            Status queued;
             // Short slices, so that Ctrl-C reaches the waiting thread.
             for (;;) {
-              bool done;
+              bool ready;
               {
                 py::gil_scoped_release release;
-                done = r.Wait(0.2);
+                ready = on_stream ? r.WaitOnStream(0.2, s_ptr, &queued) : r.Wait(0.2);
               }
-              if (done) break;
+              if (ready) break;
               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
             }
             r.ReleaseKeepAlive();
-            Status s = r.status();
+            Status s = r.Done() ? r.status() : queued;
             if (!s.ok()) return StatusTuple(s);
             auto result = r.result();
             if (!result) return py::none();
             return py::reinterpret_borrow<py::object>(result->get());
           },
-          "Waits for a submit_array() call; returns its output array, or the status tuple "
-          "(code, message, cause, rank) when it failed.")
+          py::arg("stream") = py::none(),
+          "Waits for a submit_array() or submit_device() call; returns its output array, or the "
+          "status tuple (code, message, cause, rank) when it failed. `stream` (a device call's "
+          "caller's stream, a cudaStream_t): complete by event, i.e. return once the collective "
+          "is queued on its device, with `stream` made to wait for it there; the host does not "
+          "wait for the device.")
+      .def(
+          "wait_on_stream",
+          [](PendingCall& r, uintptr_t stream, double timeout_s) -> py::object {
+            ReleaseDroppedRefs();
+            Status queued;
+            bool ready;
+            {
+              py::gil_scoped_release release;
+              ready = r.WaitOnStream(timeout_s, reinterpret_cast<void*>(stream), &queued);
+            }
+            if (!ready) return py::none();
+            if (r.Done()) {
+              r.ReleaseKeepAlive();
+              return StatusTuple(r.status());
+            }
+            return StatusTuple(queued);
+          },
+          py::arg("stream"), py::arg("timeout_s") = -1.0,
+          "Complete by event: waits up to `timeout_s` (negative: forever) until the call is "
+          "queued on its device or has finished, and makes `stream` (a cudaStream_t) wait for "
+          "it there. Returns None on timeout, else the status tuple: the call's own once it "
+          "has finished, else that of queueing the wait.")
       .def("result",
            [](PendingCall& r) -> py::object {
              auto result = r.result();

@@ -35,17 +35,50 @@ inline void KeepPythonThreadState() {
   PyEval_SaveThread();
 }
 
+// References that core threads let go of: a core thread must not wait for
+// the GIL (the submitting Python thread holds it, and every completion
+// behind would wait too; under complete by event the watchdog ends most
+// device calls after Python has moved on), so it leaves them here, and the
+// binding drops them at its next call from Python (ReleaseDroppedRefs).
+// The vector keeps its capacity: nothing allocated in the steady state.
+struct DroppedRefs {
+  std::mutex mu;
+  std::vector<PyObject*> refs;
+};
+inline DroppedRefs& Dropped() {
+  static DroppedRefs* d = new DroppedRefs();  // never freed: core threads may outlive exit
+  return *d;
+}
+// With the GIL held: drops what core threads let go of since the last call.
+inline void ReleaseDroppedRefs() {
+  DroppedRefs& d = Dropped();
+  thread_local std::vector<PyObject*> taken;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.refs.empty()) return;
+    taken.swap(d.refs);
+  }
+  for (PyObject* o : taken) Py_DECREF(o);  // may run Python code: not under the lock
+  taken.clear();
+}
+
 // A Python object referenced from C++ state that the core's threads may
-// destroy: the reference is dropped under the GIL, and leaked instead when
-// the interpreter is already gone (a request failed during exit).
+// destroy: the reference is dropped at once under the GIL, left for the
+// binding's next call when a core thread lets go of it (Dropped), and
+// leaked when the interpreter is already gone (a request failed during
+// exit).
 class PyRef {
  public:
   explicit PyRef(py::object o) : obj_(o.release().ptr()) {}
   ~PyRef() {
     if (obj_ == nullptr || !Py_IsInitialized()) return;
-    KeepPythonThreadState();
-    py::gil_scoped_acquire gil;
-    Py_DECREF(obj_);
+    if (PyGILState_Check()) {
+      Py_DECREF(obj_);
+      return;
+    }
+    DroppedRefs& d = Dropped();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.refs.push_back(obj_);
   }
   PyRef(const PyRef&) = delete;
   PyRef& operator=(const PyRef&) = delete;
@@ -60,7 +93,8 @@ class PyRef {
 // callbacks.
 class PendingCall {
  public:
-  explicit PendingCall(int entries) : remaining_(entries), received_splits_(entries) {}
+  explicit PendingCall(int entries)
+      : entries_(entries), remaining_(entries), received_splits_(entries) {}
 
   // `n` entries finished with `s`; the first error is the request's. Runs on
   // the core's thread, which must not wait for the GIL here: while Python
@@ -86,6 +120,47 @@ class PendingCall {
       if (remaining_ > 0) return;
       drop = std::move(keep_alive_);
     }
+  }
+
+  // An entry's device work is queued (TensorTableEntry::launched): `done`
+  // is its fence. Runs on the thread that launched it.
+  void Launched(const std::shared_ptr<DeviceEvent>& done) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fences_.push_back(done);
+      if (static_cast<int>(fences_.size()) < entries_) return;
+    }
+    cv_.notify_all();
+  }
+
+  // Complete by event: waits up to `timeout_s` (negative: forever) until
+  // every entry's device work is queued or the call has finished, and then,
+  // if the device is still at it, makes `stream` (the caller's, a
+  // cudaStream_t) wait for the collective there. The host never waits for
+  // the device here. Returns false on timeout; `*queued` is the stream
+  // wait's own failure (OK when none was needed).
+  bool WaitOnStream(double timeout_s, void* stream, Status* queued) {
+    std::vector<std::shared_ptr<DeviceEvent>> fences;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto ready = [this] {
+        return remaining_ <= 0 || static_cast<int>(fences_.size()) >= entries_;
+      };
+      if (timeout_s < 0) {
+        cv_.wait(lock, ready);
+      } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {
+        return false;
+      }
+      // Finished on the host: the device has too, and the status says how.
+      if (remaining_ <= 0) return true;
+      fences = fences_;
+    }
+    *queued = Status::OK();
+    for (const auto& f : fences) {
+      *queued = f->QueueWait(stream);
+      if (!queued->ok()) break;
+    }
+    return true;
   }
 
   bool Done() {
@@ -145,7 +220,11 @@ class PendingCall {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
+  const int entries_;
   int remaining_;
+  // The fences of entries launched on a device (Launched), while the call
+  // may still be running there.
+  std::vector<std::shared_ptr<DeviceEvent>> fences_;
   Status status_;
   Status submit_status_;
   int32_t int_result_ = -1;

@@ -229,6 +229,35 @@ def adapt(x):
                     "a torch tensor, or an object with __cuda_array_interface__ or __dlpack__")
 
 
+def caller_stream(x, submitted=0):
+    """The stream that the library of GPU array ``x`` now queues its work
+    on (the caller's current stream): a device collective's wait makes it
+    wait for the collective on the device (complete by event), so that
+    what the caller queues next reads the result.
+
+    Args:
+        x: a torch CUDA tensor, a CuPy array, or another array with
+            ``__cuda_array_interface__``.
+        submitted: the stream recorded when ``x`` was submitted, used for a
+            library whose current stream tfring cannot ask.
+
+    Returns:
+        The stream's handle (a ``cudaStream_t`` as an int; 0 is the legacy
+        default stream).
+
+    Example:
+        >>> stream = caller_stream(x)  # torch.cuda.current_stream().cuda_stream
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        device = x.get_device()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        return raw(device) if raw else torch.cuda.current_stream(device).cuda_stream
+    if "cupy" in sys.modules and type(x).__module__.partition(".")[0] == "cupy":
+        return _cupy_current_stream(_cuda_device(x))
+    return submitted
+
+
 def one_call_gpu(kind):
     """How the one-call GPU path (``_tfring_core.submit_device``) takes
     arrays of type ``kind``: a function ``prepare(x, in_place)`` that gives

@@ -2,7 +2,7 @@
 to poll or wait on (tfring/core/ops.py makes them). A call that took the
 one-call path (ops._submit_array) gets an :class:`_ArrayHandle`, whose
 blocking wait is one call into the core."""
-from tfring.core import errors
+from tfring.core import arrays, errors
 
 
 class Handle:
@@ -15,11 +15,15 @@ class Handle:
         >>> total = h.wait()
     """
 
-    def __init__(self, call, result):
+    def __init__(self, call, result, inputs=None):
         self._call = call
         self._result = result
         self._value = None
         self._taken = False
+        # GPU inputs (arrays.Adapted): waits complete by event on the
+        # caller's stream.
+        first = inputs[0] if inputs else None
+        self._device_input = first if first is not None and first.device != arrays.CPU else None
 
     def poll(self):
         """True once the collective has finished (successfully or not)."""
@@ -27,6 +31,16 @@ class Handle:
 
     def wait(self, timeout=None):
         """Waits for the collective and returns its result.
+
+        On a GPU this completes by event, as ``torch.distributed``'s
+        ``work.wait()`` does: it returns once the collective is queued on
+        its device, with the caller's current stream (torch's or CuPy's)
+        made to wait for it there. The host does not wait for the device:
+        work the caller queues next on that stream reads the result, and
+        reading it on the host (``.cpu()``, ``.get()``) waits as any copy
+        does. A failure on the device after that (a peer lost mid-way)
+        fails the job: the next collective raises it, naming the rank.
+        Host arrays are complete when this returns.
 
         Args:
             timeout: seconds to wait at most (None: until it finishes; a
@@ -40,36 +54,65 @@ class Handle:
             TimeoutError: ``timeout`` passed first (the collective goes on).
             tfring.core.CoreError: the collective failed (see
                 tfring.core.errors for the subclasses).
+
+        Example:
+            >>> y = hvd.allreduce_async(x).wait()
         """
-        # Short slices, so that Ctrl-C reaches the waiting thread.
-        remaining = timeout
-        while not self._call.wait(0.2 if remaining is None else min(0.2, remaining)):
-            if remaining is not None:
-                remaining -= 0.2
-                if remaining <= 0:
-                    raise TimeoutError(f"tfring: the collective did not finish in {timeout} s")
-        if not self._taken:
+        if self._taken:
+            return self._value
+        if self._device_input is not None:
+            a = self._device_input
+            stream = arrays.caller_stream(a.array, a.stream)
+            status = _in_slices(lambda s: self._call.wait_on_stream(stream, s), timeout)
+            errors.raise_for_status(*status)
+        else:
+            _in_slices(lambda s: self._call.wait(s) or None, timeout)
             errors.raise_for_status(*self._call.status())
-            self._value = self._result(self._call)
-            self._taken = True
+        self._value = self._result(self._call)
+        self._taken = True
         return self._value
 
 
 class _ArrayHandle(Handle):
     """The handle of a call submitted by ``_submit_array``: blocking waits
-    are one call into the core, which gives back the output array."""
+    are one call into the core, which gives back the output array.
+    ``device_array``: the GPU array submitted (None for numpy), whose
+    caller's stream a wait makes wait for the collective."""
 
-    def __init__(self, call):
+    def __init__(self, call, device_array=None):
         super().__init__(call, _array_result)
+        self._device_array = device_array
 
     def wait(self, timeout=None):
-        if self._taken or timeout is not None:
+        if self._taken:
+            return self._value
+        if timeout is not None:
+            if self._device_array is not None:
+                self._device_input = arrays.adapt(self._device_array)
             return super().wait(timeout)
-        result = self._call.wait_result()
+        if self._device_array is None:
+            result = self._call.wait_result()
+        else:
+            result = self._call.wait_result(arrays.caller_stream(self._device_array))
         if type(result) is tuple:
             errors.raise_for_status(*result)
         self._value, self._taken = result, True
         return result
+
+
+def _in_slices(wait, timeout):
+    """Calls ``wait(seconds)`` in short slices, so that Ctrl-C reaches the
+    waiting thread, until it returns something other than None (returned),
+    or until ``timeout`` seconds (None: no limit) have passed."""
+    remaining = timeout
+    while True:
+        got = wait(0.2 if remaining is None else min(0.2, remaining))
+        if got is not None:
+            return got
+        if remaining is not None:
+            remaining -= 0.2
+            if remaining <= 0:
+                raise TimeoutError(f"tfring: the collective did not finish in {timeout} s")
 
 
 def _array_result(call):

@@ -85,7 +85,7 @@ def _submit_array(collective, x, name, process_set, op=Sum, prescale=1.0, postsc
     if type(call) is tuple:
         _require_init()  # before init() or after shutdown(): its own error type
         errors.raise_for_status(*call)
-    return _ArrayHandle(call), name
+    return _ArrayHandle(call, None if prepare is None else x), name
 
 
 def _submit(collective, xs, name, process_set, grouped=False, op=Sum, prescale=1.0,
@@ -168,7 +168,7 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
     call, adapted, fixed, _ = _submit(_ALLREDUCE, [tensor], name,
                                       process_set, op=op, prescale=prescale_factor,
                                       postscale=postscale_factor)
-    return Handle(call, lambda c: _outputs(adapted, fixed)[0])
+    return Handle(call, lambda c: _outputs(adapted, fixed)[0], adapted)
 
 
 def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -182,7 +182,7 @@ def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postsca
     call, adapted, _, _ = _submit(_ALLREDUCE, [tensor], name, process_set, op=op,
                                   prescale=prescale_factor, postscale=postscale_factor,
                                   in_place=True)
-    return Handle(call, lambda c: adapted[0].wrap(adapted[0].array))
+    return Handle(call, lambda c: adapted[0].wrap(adapted[0].array), adapted)
 
 
 def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -251,7 +251,7 @@ def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
                                       name, process_set,
                                       grouped=True, op=op, prescale=prescale_factor,
                                       postscale=postscale_factor)
-    return Handle(call, lambda c: _outputs(adapted, fixed))
+    return Handle(call, lambda c: _outputs(adapted, fixed), adapted)
 
 
 def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0,
@@ -261,7 +261,7 @@ def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0
     call, adapted, _, _ = _submit(_ALLREDUCE, list(tensors), name, process_set, grouped=True,
                                   op=op, prescale=prescale_factor, postscale=postscale_factor,
                                   in_place=True)
-    return Handle(call, lambda c: [a.wrap(a.array) for a in adapted])
+    return Handle(call, lambda c: [a.wrap(a.array) for a in adapted], adapted)
 
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
@@ -295,7 +295,7 @@ def allgather_async(tensor, name=None, process_set=None):
         return handle
     call, adapted, _, late = _submit(_ALLGATHER, [tensor], name,
                                      process_set)
-    return Handle(call, lambda c: _outputs(adapted, late)[0])
+    return Handle(call, lambda c: _outputs(adapted, late)[0], adapted)
 
 
 def allgather(tensor, name=None, process_set=None):
@@ -322,7 +322,7 @@ def allgather(tensor, name=None, process_set=None):
 def grouped_allgather_async(tensors, name=None, process_set=None):
     """Starts a grouped allgather; see :func:`grouped_allgather`."""
     call, adapted, _, late = _submit(_ALLGATHER, list(tensors), name, process_set, grouped=True)
-    return Handle(call, lambda c: _outputs(adapted, late))
+    return Handle(call, lambda c: _outputs(adapted, late), adapted)
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
@@ -352,7 +352,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
             return handle
     call, adapted, fixed, _ = _submit(_BROADCAST, [tensor], name,
                                       process_set, root_rank=root_rank)
-    return Handle(call, lambda c: _outputs(adapted, fixed)[0])
+    return Handle(call, lambda c: _outputs(adapted, fixed)[0], adapted)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
@@ -365,7 +365,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
             return handle
     call, adapted, _, _ = _submit(_BROADCAST, [tensor], name, process_set, root_rank=root_rank,
                                   in_place=True)
-    return Handle(call, lambda c: adapted[0].wrap(adapted[0].array))
+    return Handle(call, lambda c: adapted[0].wrap(adapted[0].array), adapted)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
@@ -399,7 +399,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
         if splits is None:
             return out
         return out, np.asarray(c.received_splits()[0], np.int32)
-    return Handle(call, result)
+    return Handle(call, result, adapted)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -439,7 +439,7 @@ def reducescatter_async(tensor, op=Average, name=None, process_set=None,
     call, adapted, _, late = _submit(_REDUCESCATTER, [tensor],
                                      name, process_set, op=op,
                                      prescale=prescale_factor, postscale=postscale_factor)
-    return Handle(call, lambda c: _outputs(adapted, late)[0])
+    return Handle(call, lambda c: _outputs(adapted, late)[0], adapted)
 
 
 def reducescatter(tensor, op=Average, name=None, process_set=None, prescale_factor=1.0,
@@ -474,7 +474,7 @@ def grouped_reducescatter_async(tensors, op=Average, name=None, process_set=None
     call, adapted, _, late = _submit(_REDUCESCATTER, list(tensors), name, process_set,
                                      grouped=True, op=op, prescale=prescale_factor,
                                      postscale=postscale_factor)
-    return Handle(call, lambda c: _outputs(adapted, late))
+    return Handle(call, lambda c: _outputs(adapted, late), adapted)
 
 
 def grouped_reducescatter(tensors, op=Average, name=None, process_set=None,

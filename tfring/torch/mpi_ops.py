@@ -69,6 +69,11 @@ def poll(handle):
 def synchronize(handle):
     """Waits for the collective of ``handle`` and returns its result.
 
+    On CUDA tensors this completes by event, as ``torch.distributed``'s
+    ``work.wait()`` does: it returns once the collective is queued on the
+    GPU, with the current stream made to wait for it there (the host does
+    not wait; ``.cpu()`` and the kernels queued next read the result).
+
     Args:
         handle: an int returned by an ``*_async`` function.
 
