@@ -53,13 +53,19 @@ inline DroppedRefs& Dropped() {
 inline void ReleaseDroppedRefs() {
   DroppedRefs& d = Dropped();
   thread_local std::vector<PyObject*> taken;
+  // A finalizer run by a drop may call the binding again: the outer drain
+  // goes on with what it took, and the rest waits for the next call.
+  thread_local bool draining = false;
+  if (draining) return;
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (d.refs.empty()) return;
     taken.swap(d.refs);
   }
+  draining = true;
   for (PyObject* o : taken) Py_DECREF(o);  // may run Python code: not under the lock
   taken.clear();
+  draining = false;
 }
 
 // A Python object referenced from C++ state that the core's threads may
