@@ -62,6 +62,7 @@ Status ToCoreType(tf::DataType dt, DataType* out) {
 
 TensorShape ToCoreShape(const tf::TensorShape& s) {
   TensorShape out;
+  out.reserve(s.dims());
   for (int i = 0; i < s.dims(); ++i) out.push_back(s.dim_size(i));
   return out;
 }

@@ -82,17 +82,26 @@ class CollectiveKernel : public tf::AsyncOpKernel {
       OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
     }
     name_input_ = NameInput(c);
+    // A graph op's key is fixed with its node: made once, not per call.
+    if (name_input_ < 0) key_ = CollectiveKey(name(), tensor_name_, ignore_name_scope_);
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(CheckInitialized()), done);
-    std::string key = TensorName();
-    if (name_input_ >= 0) OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(KeyFromInput(ctx, name_input_, &key)), done);
+    std::string from_input;
+    if (name_input_ >= 0) {
+      OP_REQUIRES_OK_ASYNC(ctx, ToTFStatus(KeyFromInput(ctx, name_input_, &from_input)), done);
+    }
+    const std::string& key = name_input_ >= 0 ? from_input : key_;
     const int n = NumEntries(ctx);
     auto group = std::make_shared<GroupCompletion>(ctx, done, n);
     for (int i = 0; i < n; ++i) {
       TensorTableEntry e;
-      e.name = EntryName(key, n, grouped_, i);
+      if (n > 1 || grouped_) {
+        e.name = EntryName(key, n, grouped_, i);
+      } else {
+        e.name = key;
+      }
       if (grouped_) {
         e.group_name = key;
         e.group_size = n;
@@ -146,11 +155,11 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     };
   }
 
-  std::string TensorName() const { return CollectiveKey(name(), tensor_name_, ignore_name_scope_); }
 
   bool grouped_ = false;
   bool ignore_name_scope_ = false;
   std::string tensor_name_;
+  std::string key_;  // a graph op's key (CollectiveKey); empty with a name input
   int process_set_id_ = 0;
   int name_input_ = -1;
 };
@@ -249,6 +258,7 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
     if (c->HasAttr("tensor_name")) OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
     name_input_ = NameInput(c);
+    if (name_input_ < 0) key_ = CollectiveKey(name(), tensor_name_, ignore_name_scope_);
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
@@ -280,7 +290,7 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
       }
     }
     TensorTableEntry e;
-    e.name = !key.empty() ? key : CollectiveKey(name(), tensor_name_, ignore_name_scope_);
+    e.name = name_input_ >= 0 ? key : key_;
     e.type = CollectiveType::BROADCAST;
     e.root_rank = root_rank_;
     e.shape = ToCoreShape(t->shape());
@@ -307,6 +317,7 @@ class BroadcastInplaceResourceOp : public tf::AsyncOpKernel {
   int process_set_id_ = 0;
   bool ignore_name_scope_ = false;
   std::string tensor_name_;
+  std::string key_;  // as CollectiveKernel's
   int name_input_ = -1;
 };
 
