@@ -56,12 +56,13 @@ Status DeviceWatchdog::failure() const {
   return failed_;
 }
 
-void DeviceWatchdog::Watch(const void* owner, std::shared_ptr<DeviceEvent> done, Finish finish) {
+void DeviceWatchdog::Watch(const void* owner, std::shared_ptr<DeviceEvent> done, Finish finish,
+                           bool caller_moved_on) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
     // The vector keeps its capacity: nothing allocated here in the steady state.
-    ops_.push_back(Op{owner, std::move(done), std::move(finish), Status::OK()});
+    ops_.push_back(Op{owner, std::move(done), std::move(finish), Status::OK(), caller_moved_on});
     new_work_ = true;
   }
   work_cv_.notify_one();
@@ -100,7 +101,7 @@ void DeviceWatchdog::Drain(const void* owner, double timeout_s, const Status& ab
   for (Op& op : left) op.finish(abandoned);
 }
 
-bool DeviceWatchdog::SweepLocked() {
+bool DeviceWatchdog::SweepLocked(bool* job_failed) {
   bool any = false;
   size_t kept = 0;
   for (size_t i = 0; i < ops_.size(); ++i) {
@@ -114,6 +115,10 @@ bool DeviceWatchdog::SweepLocked() {
     // After a peer died, work the abort cut short fails with that death
     // (its cause and rank), not with the abort it ran into.
     if (!s.ok() && !failed_.ok()) s = failed_;
+    if (!s.ok() && op.caller_moved_on && failed_.ok()) {
+      failed_ = s;
+      *job_failed = true;
+    }
     op.status = s;
     finishing_.push_back(std::move(op));
     any = true;
@@ -131,12 +136,17 @@ void DeviceWatchdog::CheckPeers(std::unique_lock<std::mutex>* lock) {
   lock->lock();
   if (s.ok() || !failed_.ok()) return;
   failed_ = s;
+  // The device work waiting on the dead peer never ends by itself: aborting
+  // it makes its fences happen, and the sweep fails it with `s`.
+  FailJob(lock);
+}
+
+void DeviceWatchdog::FailJob(std::unique_lock<std::mutex>* lock) {
+  const Status why = failed_;
   Job job = job_;
   lock->unlock();
-  // The device work waiting on the dead peer never ends by itself: abort it,
-  // so that its fences happen and the sweep fails it with `s`.
-  if (job.abort_device_work) job.abort_device_work(s.message());
-  if (job.stop_job) job.stop_job(s);
+  if (job.abort_device_work) job.abort_device_work(why.message());
+  if (job.stop_job) job.stop_job(why);
   lock->lock();
 }
 
@@ -153,7 +163,11 @@ void DeviceWatchdog::Run() {
   while (!stop_) {
     if (!ops_.empty()) {
       CheckPeers(&lock);
-      const bool finished = SweepLocked();
+      bool job_failed = false;
+      const bool finished = SweepLocked(&job_failed);
+      // Before the completions run: a caller that moved on learns of the
+      // failure at its next collective, which must not start first.
+      if (job_failed) FailJob(&lock);
       if (finished) {
         // Completions run outside the lock: they may submit (and so hand
         // over) new work, or drain.

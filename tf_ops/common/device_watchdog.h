@@ -59,8 +59,12 @@ class DeviceWatchdog {
   // Hands over a started collective of `owner` (its process set): `done`
   // happens when the device has finished it. Shared: a binding may hold the
   // same fence to make its stream wait for it (TensorTableEntry::launched).
-  // Never blocks on the device.
-  void Watch(const void* owner, std::shared_ptr<DeviceEvent> done, Finish finish);
+  // `caller_moved_on`: a caller was told of the launch and may no longer be
+  // waiting (complete by event), so a failure of this work on the device
+  // fails the job, as a dead peer does: its callers learn it at their next
+  // collective, not never. Never blocks on the device.
+  void Watch(const void* owner, std::shared_ptr<DeviceEvent> done, Finish finish,
+             bool caller_moved_on = false);
   // Whether work of `owner` (any owner: null) is held or completing now.
   bool Busy(const void* owner = nullptr) const;
   // Waits until `owner`'s work has finished or `timeout_s` has passed (a
@@ -80,11 +84,16 @@ class DeviceWatchdog {
     std::shared_ptr<DeviceEvent> done;
     Finish finish;
     Status status;  // the verdict, once finished
+    bool caller_moved_on;
   };
   void Run();
   // Under mu_: queries every held op once, moves the finished ones into
-  // finishing_; returns whether any finished.
-  bool SweepLocked();
+  // finishing_; returns whether any finished. Sets *job_failed when work
+  // whose caller moved on failed (failed_ then holds why).
+  bool SweepLocked(bool* job_failed);
+  // With mu_ held in *lock (released meanwhile): the job has failed with
+  // failed_: abort the device work and tell the job to stop.
+  void FailJob(std::unique_lock<std::mutex>* lock);
   bool HeldLocked(const void* owner) const;
   void CheckPeers(std::unique_lock<std::mutex>* lock);
 

@@ -85,14 +85,21 @@ void CompleteWhenDone(ProcessSet& ps, std::vector<TensorTableEntry> entries, Run
   // fence from now on, and its host need not wait for the callback. Not
   // after a failure, which only the callback carries, nor for a fence no
   // stream can wait for (a failed step's).
+  bool told = false;
   if (local.ok() && done && done->waits_on_device()) {
-    for (auto& e : entries)
-      if (e.launched) e.launched(done);
+    for (auto& e : entries) {
+      if (!e.launched) continue;
+      e.launched(done);
+      told = true;
+    }
   }
   auto held = std::make_shared<std::vector<TensorTableEntry>>(std::move(entries));
-  Watchdog().Watch(&ps, std::move(done), [held, local, keep](const Status& s) {
-    for (auto& e : *held) Complete(e, local.ok() ? s : local);
-  });
+  Watchdog().Watch(
+      &ps, std::move(done),
+      [held, local, keep](const Status& s) {
+        for (auto& e : *held) Complete(e, local.ok() ? s : local);
+      },
+      told);
 }
 
 // Holds what `executor` queues next until the entries' inputs are written

@@ -38,8 +38,8 @@ class Handle:
         made to wait for it there. The host does not wait for the device:
         work the caller queues next on that stream reads the result, and
         reading it on the host (``.cpu()``, ``.get()``) waits as any copy
-        does. A failure on the device after that (a peer lost mid-way)
-        fails the job: the next collective raises it, naming the rank.
+        does. A failure on the device after that (an NCCL or CUDA error, a
+        peer lost mid-way) fails the job: the next collective raises it.
         Host arrays are complete when this returns.
 
         Args:

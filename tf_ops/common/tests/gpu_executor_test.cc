@@ -215,6 +215,62 @@ void TestFenceCompletesByEvent() {
   }
 }
 
+// Complete by event: a caller told of the launch may have moved on, so a
+// failure of its collective on the device fails the job (the watchdog's
+// failure, the device work aborted, the job's stop hook, all before the
+// completion runs), where work whose caller still waits fails only itself.
+void TestDeviceFailureAfterTheCallerMovedOn() {
+  for (bool moved_on : {false, true}) {
+    FakeGpuStack stack;
+    DeviceWatchdog watchdog;
+    std::mutex mu;
+    std::condition_variable cv;
+    Status stopped = Status::OK();
+    std::string aborted;
+    watchdog.Arm({nullptr,
+                  [&](const std::string& why) {
+                    std::lock_guard<std::mutex> lock(mu);
+                    aborted = why;
+                  },
+                  [&](const Status& why) {
+                    std::lock_guard<std::mutex> lock(mu);
+                    stopped = why;
+                  }});
+    std::vector<char> a = Floats({1, 2}), b(8);
+    Status copied = stack.executor->Copy(b.data(), a.data(), 8);
+    CHECK(copied.ok() || copied.in_progress());
+    std::shared_ptr<DeviceEvent> fence = stack.executor->Fence();
+    CHECK(fence != nullptr);
+    stack.api.event_states = {EventState::kError};
+    bool finished = false, stopped_first = false;
+    Status got;
+    watchdog.Watch(
+        &stack, fence,
+        [&](const Status& st) {
+          std::lock_guard<std::mutex> lock(mu);
+          got = st;
+          stopped_first = !stopped.ok();
+          finished = true;
+          cv.notify_all();
+        },
+        moved_on);
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      CHECK(cv.wait_for(lock, std::chrono::seconds(5), [&] { return finished; }));
+    }
+    watchdog.Drain(&stack, 5.0, Status::Aborted("not finished"));
+    CHECK(!got.ok() && Contains(got.message(), "cuda error text 700"));
+    std::lock_guard<std::mutex> lock(mu);
+    if (moved_on) {
+      CHECK(watchdog.failure().message() == got.message());
+      CHECK(stopped.message() == got.message() && stopped_first);
+      CHECK(Contains(aborted, "cuda error text 700"));
+    } else {
+      CHECK(watchdog.failure().ok() && stopped.ok() && aborted.empty());
+    }
+  }
+}
+
 // A fused collective's inputs: one wait per producer stream (its latest
 // event covers the earlier ones), and one per event recorded on a default
 // stream, whose handle names a different stream per device or thread.
@@ -338,6 +394,7 @@ int main() {
   TestExecutorPrimitives();
   TestReadyEventsWaitOnTheDevice();
   TestFenceCompletesByEvent();
+  TestDeviceFailureAfterTheCallerMovedOn();
   TestOneWaitPerProducerStream();
   TestHostExecutorPollsReadyEvents();
   TestWatchdogNamesADeadPeer();
