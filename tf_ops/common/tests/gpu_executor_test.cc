@@ -115,18 +115,24 @@ void TestExecutorPrimitives() {
   CHECK(s.code() == StatusCode::ABORTED && Contains(s.message(), "shutting down"));
 }
 
+// The stack's GPU executor, or a host-staged one over the same fakes.
+std::unique_ptr<Executor> TakeExecutor(FakeGpuStack* stack, bool staged) {
+  std::unique_ptr<Executor> ex;
+  if (staged) {
+    CHECK(HostStagedExecutor::Create(&stack->shared, 0, &ex).ok());
+  } else {
+    ex = std::move(stack->executor);
+  }
+  return ex;
+}
+
 // An input's ready event: recorded on the producer's stream, and waited for
 // on the executor's stream (never on the host), ahead of what the executor
 // queues next. Host staging waits the same way before its device-to-host copy.
 void TestReadyEventsWaitOnTheDevice() {
   for (bool staged : {false, true}) {
     FakeGpuStack stack;
-    std::unique_ptr<Executor> ex;
-    if (staged) {
-      CHECK(HostStagedExecutor::Create(&stack.shared, 0, &ex).ok());
-    } else {
-      ex = std::move(stack.executor);
-    }
+    std::unique_ptr<Executor> ex = TakeExecutor(&stack, staged);
     FakeApi& api = stack.api;
     std::shared_ptr<DeviceEvent> ready;
     int producer_stream = 0;
@@ -159,12 +165,7 @@ void TestReadyEventsWaitOnTheDevice() {
 void TestFenceCompletesByEvent() {
   for (bool staged : {false, true}) {
     FakeGpuStack stack;
-    std::unique_ptr<Executor> ex;
-    if (staged) {
-      CHECK(HostStagedExecutor::Create(&stack.shared, 0, &ex).ok());
-    } else {
-      ex = std::move(stack.executor);
-    }
+    std::unique_ptr<Executor> ex = TakeExecutor(&stack, staged);
     FakeApi& api = stack.api;
     std::vector<char> a = Floats({1, 2}), b(8);
     Status copied = ex->Copy(b.data(), a.data(), 8);
