@@ -162,8 +162,10 @@ class PendingCall {
       fences = fences_;
     }
     *queued = Status::OK();
-    for (const auto& f : fences) {
-      *queued = f->QueueWait(stream);
+    for (size_t i = 0; i < fences.size(); ++i) {
+      // Entries fused into one collective share its fence: one wait each.
+      if (i > 0 && fences[i] == fences[i - 1]) continue;
+      *queued = fences[i]->QueueWait(stream);
       if (!queued->ok()) break;
     }
     return true;
