@@ -156,4 +156,5 @@ def ray_train_run_ends_with_its_test(request):
             pass
     pytest.fail(f"{request.node.nodeid} left Ray Train processes running "
                 f"{RUN_PROCESS_EXIT_S:g} s after it ended (now killed): " + "; ".join(
-                    f"{pid} {title!r} threads {threads}" for pid, (title, threads) in found.items()))
+                    f"{pid} {title!r} threads {threads}"
+                    for pid, (title, threads) in found.items()))
