@@ -5,6 +5,7 @@ nodes a test may add and remove (elastic resizes) while the others share
 the head's resources."""
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -14,6 +15,48 @@ from support import import_extra, live_pids
 # The head's slots of this resource are the only ones until a test adds a
 # node: a trainer that asks for one per worker grows and shrinks with nodes.
 RESIZE_SLOT = "tfring_resize_slot"
+
+# The processes of a Ray Train run (by the title Ray gives an actor's
+# process): they end with the run. A fit's controller normally exits within
+# a second of fit() returning; CI's load stretches that to a few seconds.
+RUN_PROCESS_TITLES = ("ray::TrainController", "ray::RayTrainWorker")
+RUN_PROCESS_EXIT_S = 20.0
+
+
+def _title(pid):
+    """A process's command line as ps shows it ("" once it has ended)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _threads(pid):
+    """What each of a process's threads is doing, from /proc: its name,
+    state and the kernel function it waits in (no debugger needed)."""
+    found = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return found
+    for tid in tids:
+        parts = []
+        for name in ("comm", "wchan"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                    parts.append(f.read().strip())
+            except OSError:
+                parts.append("?")
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                parts.insert(1, f.read().rpartition(")")[2].split()[0])
+        except OSError:
+            parts.insert(1, "?")
+        found.append(" ".join(parts))
+    # Ray's many gRPC and event threads wait alike: each kind once, counted.
+    return [f"{line} x{found.count(line)}" if found.count(line) > 1 else line
+            for line in dict.fromkeys(found)]
 
 
 @pytest.fixture(scope="session")
@@ -64,14 +107,54 @@ def ray_cluster():
     # Ray's own processes (GCS, raylets, ...): what this process started just
     # now; every worker and actor is under them.
     roots = [p for p in descendants([os.getpid()]) if p not in before]
+
+    def processes():
+        """The cluster's processes now: its own, the added nodes', and every
+        worker and actor under them."""
+        return set(roots + descendants(roots) + added + descendants(added))
+    cluster.processes = processes
+
+    def run_processes(titles=RUN_PROCESS_TITLES):
+        """Those of its processes that belong to a Ray Train run."""
+        return {pid for pid in processes() if _title(pid).startswith(titles)}
+    cluster.run_processes = run_processes
     yield cluster
-    # With those of the nodes the tests added (and their workers).
-    started = set(roots + descendants(roots) + added + descendants(added))
+    started = processes()
     ray.shutdown()
     cluster.shutdown()
     try:
-        assert not live_pids(sorted(started), wait=10.0), \
-            "Ray's processes outlived the cluster's shutdown"
+        left = live_pids(sorted(started), wait=10.0)
+        assert not left, "Ray's processes outlived the cluster's shutdown: " + "; ".join(
+            f"{pid} {_title(pid)!r} threads {_threads(pid)}" for pid in left)
     finally:
         del os.environ["RAY_TMPDIR"]
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def ray_train_run_ends_with_its_test(request):
+    """A test that used the cluster leaves no process of a Ray Train run
+    (controller, workers) behind: they end with their fit(). One that is
+    still there RUN_PROCESS_EXIT_S after the test fails that test, naming
+    the process and what its threads wait in, and is killed (so that the
+    session's end checks the other processes, not it again)."""
+    if "ray_cluster" not in request.fixturenames:
+        yield
+        return
+    cluster = request.getfixturevalue("ray_cluster")
+    before = cluster.run_processes()
+    yield
+    left = sorted(cluster.run_processes() - before)
+    left = live_pids(left, wait=RUN_PROCESS_EXIT_S)
+    if not left:
+        return
+    found = {pid: (_title(pid), _threads(pid)) for pid in left}
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    pytest.fail(f"{request.node.nodeid} left Ray Train processes running "
+                f"{RUN_PROCESS_EXIT_S:g} s after it ended (now killed): " + "; ".join(
+                    f"{pid} {title!r} threads {threads}"
+                    for pid, (title, threads) in found.items()))

@@ -213,6 +213,22 @@ def _fit(trainer):
     return outcome["result"]
 
 
+def _fit_on_main_thread(trainer):
+    """trainer.fit() where a user's driver calls it, on the main thread (so
+    that Ray Train installs its SIGINT handler), with a deadline (SIGALRM)."""
+    assert threading.current_thread() is threading.main_thread()
+
+    def expire(signum, frame):
+        raise TimeoutError(f"fit() did not end within {FIT_TIMEOUT} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(FIT_TIMEOUT)
+    try:
+        return trainer.fit()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _seen(out_dir, tag):
     seen = []
     for path in sorted(glob.glob(os.path.join(out_dir, f"{tag}-*.json"))):
@@ -424,8 +440,15 @@ def test_a_rank_that_raises_ends_fit_with_its_exception(ray_cluster, tmp_path):
                                                               "bad_rank": 2},
                             scaling_config=ScalingConfig(num_workers=size),
                             run_config=_run_config(tmp_path, "raise"))
+    sigint = signal.getsignal(signal.SIGINT)
+    before = ray_cluster.run_processes(titles="ray::TrainController")
     with pytest.raises(ray.train.WorkerGroupError) as info:
-        _fit(trainer)
+        _fit_on_main_thread(trainer)
+    # Its controller ended with fit(), as a user's driver expects (Ray's
+    # SIGINT handler, which holds it, is gone again).
+    ours = sorted(ray_cluster.run_processes(titles="ray::TrainController") - before)
+    assert not live_pids(ours, wait=10.0), f"the controller {ours} outlived fit()"
+    assert signal.getsignal(signal.SIGINT) is sigint
     failures = info.value.worker_failures
     assert isinstance(failures.get(2), RankRefused), failures
     assert "rank 2 refuses to train" in str(info.value)

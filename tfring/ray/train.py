@@ -20,6 +20,8 @@ its group: a restarted or resized group gets new processes, a new store and
 a new secret.
 """
 import dataclasses
+import signal
+import threading
 from typing import Dict, Optional
 
 import ray
@@ -231,3 +233,31 @@ class TfringTrainer(DataParallelTrainer):
                          backend_config=tfring_config, scaling_config=scaling_config,
                          run_config=run_config, datasets=datasets,
                          dataset_config=dataset_config, **kwargs)
+
+    def fit(self):
+        """Runs the training (see the class's text).
+
+        Returns:
+            Ray's ``Result`` (last metrics, last checkpoint).
+
+        Raises:
+            ray.train.WorkerGroupError: a worker's loop raised or died, and
+                no restart was left.
+            ray.train.ControllerError: Ray Train's controller failed.
+
+        Example:
+            >>> result = TfringTrainer(loop, scaling_config=ScalingConfig(num_workers=2)).fit()
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return super().fit()
+        # On the main thread Ray Train installs a SIGINT handler that aborts
+        # the run; it holds the run's controller, so the controller's process
+        # would outlive fit() (until the next fit, or the driver's end). The
+        # run is over when fit() returns or raises: the handler that was
+        # there before comes back, and the controller ends.
+        previous = signal.getsignal(signal.SIGINT)
+        try:
+            return super().fit()
+        finally:
+            if previous is not None:  # None: a handler not set from Python
+                signal.signal(signal.SIGINT, previous)
