@@ -97,11 +97,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     auto group = std::make_shared<GroupCompletion>(ctx, done, n);
     for (int i = 0; i < n; ++i) {
       TensorTableEntry e;
-      if (n > 1 || grouped_) {
-        e.name = EntryName(key, n, grouped_, i);
-      } else {
-        e.name = key;
-      }
+      e.name = EntryName(key, n, grouped_, i);
       if (grouped_) {
         e.group_name = key;
         e.group_size = n;
@@ -154,7 +150,6 @@ class CollectiveKernel : public tf::AsyncOpKernel {
       return Status::OK();
     };
   }
-
 
   bool grouped_ = false;
   bool ignore_name_scope_ = false;

@@ -20,10 +20,12 @@ class Handle:
         self._result = result
         self._value = None
         self._taken = False
-        # GPU inputs (arrays.Adapted): waits complete by event on the
-        # caller's stream.
+        # A GPU call's first input (arrays.Adapted): its waits complete by
+        # event on the caller's stream.
         first = inputs[0] if inputs else None
-        self._device_input = first if first is not None and first.device != arrays.CPU else None
+        gpu = first is not None and first.device != arrays.CPU
+        self._device_array = first.array if gpu else None
+        self._submitted_stream = first.stream if gpu else 0
 
     def poll(self):
         """True once the collective has finished (successfully or not)."""
@@ -60,9 +62,8 @@ class Handle:
         """
         if self._taken:
             return self._value
-        if self._device_input is not None:
-            a = self._device_input
-            stream = arrays.caller_stream(a.array, a.stream)
+        if self._device_array is not None:
+            stream = arrays.caller_stream(self._device_array, self._submitted_stream)
             status = _in_slices(lambda s: self._call.wait_on_stream(stream, s), timeout)
             errors.raise_for_status(*status)
         else:
@@ -84,16 +85,10 @@ class _ArrayHandle(Handle):
         self._device_array = device_array
 
     def wait(self, timeout=None):
-        if self._taken:
-            return self._value
-        if timeout is not None:
-            if self._device_array is not None:
-                self._device_input = arrays.adapt(self._device_array)
+        if self._taken or timeout is not None:
             return super().wait(timeout)
-        if self._device_array is None:
-            result = self._call.wait_result()
-        else:
-            result = self._call.wait_result(arrays.caller_stream(self._device_array))
+        stream = None if self._device_array is None else arrays.caller_stream(self._device_array)
+        result = self._call.wait_result(stream)
         if type(result) is tuple:
             errors.raise_for_status(*result)
         self._value, self._taken = result, True

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 #include "../reduction.h"
 
@@ -49,6 +50,15 @@ void* DeviceBuffer::Get(int64_t bytes, int* error) {
 
 namespace {
 
+// Makes `stream` wait on the device for `event` of `pool`; `what` names the
+// event in the error.
+Status QueueStreamWait(GpuEventPool& pool, GpuEvent event, void* stream, const char* what) {
+  const int err = pool.api()->StreamWaitEvent(stream, event);
+  return err == 0 ? Status::OK()
+                  : CudaErrorToStatus(err, std::string("cudaStreamWaitEvent on ") + what,
+                                      pool.api()->CudaErrorString(err));
+}
+
 // The fence of a GPU executor: one event recorded after everything it queued.
 // The watchdog queries it; a binding may hold it too, to make its caller's
 // stream wait for it, so the event goes back to the pool only when both let
@@ -65,10 +75,7 @@ class StreamFence : public DeviceEvent {
   // output (an aborted communicator's event happens too) is reported by the
   // watchdog's Query, which fails the collective and stops the job.
   Status QueueWait(void* stream) override {
-    const int err = pool_->api()->StreamWaitEvent(stream, event_);
-    return err == 0 ? Status::OK()
-                    : CudaErrorToStatus(err, "cudaStreamWaitEvent on a collective's fence",
-                                        pool_->api()->CudaErrorString(err));
+    return QueueStreamWait(*pool_, event_, stream, "a collective's fence");
   }
 
   Status Query() override {
@@ -145,10 +152,7 @@ Status GpuReadyEvent::Query() {
 }
 
 Status GpuReadyEvent::QueueWait(void* stream) {
-  const int err = pool_->api()->StreamWaitEvent(stream, event_);
-  return err == 0 ? Status::OK()
-                  : CudaErrorToStatus(err, "cudaStreamWaitEvent on a collective's input",
-                                      pool_->api()->CudaErrorString(err));
+  return QueueStreamWait(*pool_, event_, stream, "a collective's input");
 }
 
 // --- GpuExecutor ----------------------------------------------------------------
