@@ -196,11 +196,16 @@ class _DistributedOptimizer:
                             if value is not p.grad:
                                 p.grad.copy_(value)
         finally:
-            self._pending.clear()
-            self._ready.clear()
-            for key in self._countdown:
-                self._countdown[key] = self._passes
+            self._end_step()
         self._synchronized = True
+
+    def _end_step(self):
+        """Forgets the step's reductions (taken, or dropped) and counts
+        backward passes afresh."""
+        self._pending.clear()
+        self._ready.clear()
+        for key in self._countdown:
+            self._countdown[key] = self._passes
 
     def _reduce_stateful(self):
         """All gradients through a stateful compressor (PowerSGD), which
@@ -237,6 +242,19 @@ class _DistributedOptimizer:
     def load_state_dict(self, state_dict):
         """Loads a state_dict(); a stateful compressor's part goes to it
         (see tfring.torch.powersgd.PowerSGD.load_state_dict)."""
+        # A loaded state starts a new step: reductions the step under way
+        # started are waited for (after a failure they end at once, with
+        # their error) and dropped, so that none writes a .grad later. An
+        # elastic reset restores the optimizer this way after a failure
+        # that interrupted backward().
+        for parts in self._pending.values():
+            for handle, _ in parts:
+                try:
+                    mpi_ops.synchronize(handle)
+                except Exception:  # noqa: BLE001 - the step is dropped, whatever its end
+                    pass
+        self._end_step()
+        self._synchronized = False
         state_dict = dict(state_dict)
         compression = state_dict.pop("tfring_compression", None)
         if compression is not None and self._stateful:

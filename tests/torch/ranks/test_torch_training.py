@@ -119,6 +119,24 @@ def test_synchronize_then_skip_synchronize(rank, size):
         opt.step()
 
 
+def test_a_loaded_state_drops_the_step_under_way(rank, size):
+    """As an elastic reset restores the optimizer after a failure that
+    interrupted backward(): the reductions its hooks started are dropped,
+    and training goes on from the loaded state."""
+    model = _model()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                   named_parameters=model.named_parameters())
+    x = torch.full((2, 5), float(rank + 1), dtype=torch.float64)
+    model(x).sum().backward()  # at np > 1 the hooks start the reductions
+    opt.load_state_dict(opt.state_dict())
+    opt.zero_grad()  # no step pending any more
+    model(x).sum().backward()
+    opt.step()
+    for p in model.parameters():
+        gathered = hvd.allgather(p.detach().reshape(1, -1))
+        assert torch.equal(gathered, gathered[:1].expand_as(gathered))
+
+
 def test_sparse_gradients_are_reduced_as_sparse_by_default(rank, size):
     """An embedding with sparse gradients trains like one process on the
     full batch, without sparse_as_dense: the gradients travel as indices
